@@ -1,0 +1,44 @@
+# stagetune: `make demo` tunes a real schedule on the embedded default (SQLite + local Ray);
+# `make test` runs lint, type checks and the whole test suite. Both set everything up first.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# The CPU wheel of torch goes in first so that no dependency pulls a CUDA build.
+TORCH  := torch==2.13.0
+
+.PHONY: demo test lint typecheck setup clean system-deps
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Debian's Chromium drives the dashboard's browser tests (never a downloaded browser).
+system-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "warning: could not install chromium; browser tests will be skipped"; \
+	  else echo "warning: chromium not found; browser tests will be skipped"; fi; }
+
+demo: $(STAMP)
+	$(BIN)/stagetune demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) system-deps lint typecheck
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""The REST API and the dashboard (FastAPI). Depends on :mod:`tuner`, never on training code."""

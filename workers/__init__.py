@@ -1,0 +1,1 @@
+"""What runs studies and trials: tasks, the distributed training loop, the dispatcher."""
