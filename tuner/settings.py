@@ -1,0 +1,83 @@
+"""Service settings, read from ``STAGETUNE_*`` environment variables (and an optional ``.env``).
+
+The embedded default keeps everything under ``./stagetune-data``: a SQLite database and Ray
+Tune's experiment directories. Production points ``STAGETUNE_DATABASE_URL`` at PostgreSQL and
+``RAY_ADDRESS`` (Ray's own variable) at a cluster.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path("stagetune-data")
+
+
+class Settings(BaseSettings):
+    """Every setting of the service, with the environment variable that sets it."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STAGETUNE_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    data_dir: Path = Field(DEFAULT_DATA_DIR, description="Where the embedded default keeps data.")
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL of the study database; default: SQLite in data_dir.",
+    )
+    ray_storage_path: Path | None = Field(
+        None, description="Ray Tune experiment directory; default: data_dir/ray."
+    )
+
+    # API
+    api_tokens: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="Bearer tokens accepted for writes (STAGETUNE_API_TOKENS, comma-separated).",
+    )
+    api_token: SecretStr | None = Field(None, description="A single bearer token (shorthand).")
+    protect_reads: bool = Field(False, description="Require the token for reads as well.")
+    max_request_bytes: int = Field(1_000_000, gt=0, description="Largest accepted request body.")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+
+    # Dispatcher
+    heartbeat_s: float = Field(5.0, gt=0, description="How often a running study heartbeats.")
+    stale_after_s: float = Field(
+        60.0, gt=0, description="A running study whose heartbeat is older is taken over."
+    )
+    poll_s: float = Field(2.0, gt=0, description="How often an idle dispatcher looks for work.")
+
+    @field_validator("api_tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [t.strip() for t in value.split(",") if t.strip()]
+        return value
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'stagetune.db').resolve()}"
+
+    @property
+    def resolved_ray_storage_path(self) -> Path:
+        return (self.ray_storage_path or self.data_dir / "ray").resolve()
+
+    @property
+    def tokens(self) -> list[str]:
+        """Every accepted token (empty: the API is open)."""
+        found = [t.get_secret_value() for t in self.api_tokens]
+        if self.api_token is not None:
+            found.append(self.api_token.get_secret_value())
+        return found
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (cached; tests build ``Settings(...)`` directly)."""
+    return Settings()

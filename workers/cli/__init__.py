@@ -1,0 +1,13 @@
+"""The ``stagetune`` command line: the composition root of the product.
+
+Each command group lives in its own module and registers itself on :data:`app`.
+"""
+
+from __future__ import annotations
+
+from workers.cli.app import app, main
+
+# Command modules register their commands on `app` when imported.
+from workers.cli import local as _local  # noqa: F401  (tune, demo)
+
+__all__ = ["app", "main"]

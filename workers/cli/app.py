@@ -1,0 +1,100 @@
+"""The Typer application, global options and error handling shared by every command.
+
+Errors reach the user as one line on stderr with an exit code scripts can test; ``--debug``
+shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from tuner import __version__
+from tuner.errors import (
+    ConflictError,
+    InvalidStateError,
+    NotFoundError,
+    StagetuneError,
+    ValidationError,
+)
+
+# Exit codes, documented in `stagetune --help` and the README.
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2  # invalid input: a spec, a schedule, an option
+EXIT_NOT_FOUND = 3
+EXIT_CONFLICT = 4  # conflict or invalid state
+EXIT_INTERRUPTED = 130
+
+app = typer.Typer(
+    name="stagetune",
+    help=(
+        "Auto-tune variable batch-size schedules for data-parallel PyTorch training.\n\n"
+        "Exit codes: 0 ok, 1 failure, 2 invalid input, 3 not found, 4 conflict, "
+        "130 interrupted."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+_state = {"debug": False}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"stagetune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global_options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show full tracebacks instead of one-line errors.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    _state["debug"] = debug
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The process exit code for an error that ends a command."""
+    if isinstance(error, ValidationError):
+        return EXIT_USAGE
+    if isinstance(error, NotFoundError):
+        return EXIT_NOT_FOUND
+    if isinstance(error, ConflictError | InvalidStateError):
+        return EXIT_CONFLICT
+    if isinstance(error, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    return EXIT_FAILURE
+
+
+def main() -> None:
+    """Console entry point (``stagetune``)."""
+    try:
+        app(standalone_mode=False)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except typer.Abort:
+        typer.echo("Aborted.", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt:
+        typer.echo("Interrupted.", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as error:  # the one place every command's errors end up
+        import click
+
+        if isinstance(error, click.ClickException):
+            error.show()
+            sys.exit(error.exit_code)
+        if _state["debug"]:
+            raise
+        kind = "error" if isinstance(error, StagetuneError) else type(error).__name__
+        typer.echo(f"stagetune: {kind}: {error}", err=True)
+        sys.exit(exit_code_for(error))

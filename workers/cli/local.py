@@ -1,0 +1,53 @@
+"""Commands that tune on this machine: ``tune`` (a spec file) and ``demo`` (a built-in spec).
+
+Both use the embedded default: a SQLite database under the data directory and a local Ray
+instance (or the cluster ``RAY_ADDRESS`` points at).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from workers.cli.app import app
+
+DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "mnist1d.yaml"
+
+
+def _run_spec_file(spec_path: Path, out: Path, database_url: str | None) -> None:
+    from tuner.settings import get_settings
+    from tuner.spec import StudySpec
+    from workers.runner import tune_spec
+
+    if not spec_path.is_file():
+        raise typer.BadParameter(f"spec file not found: {spec_path}", param_hint="SPEC")
+    spec = StudySpec.from_yaml(spec_path.read_text(encoding="utf-8"))
+    settings = get_settings()
+    tune_spec(spec, database_url or settings.resolved_database_url, out)
+
+
+@app.command()
+def tune(
+    spec: Annotated[Path, typer.Argument(help="Study spec (YAML or JSON).", metavar="SPEC")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Where to write the best schedule YAML.")
+    ] = Path("best-schedule.yaml"),
+    database_url: Annotated[
+        str | None,
+        typer.Option("--database-url", help="Study database (default: embedded SQLite)."),
+    ] = None,
+) -> None:
+    """Run a tuning study locally and write the best schedule as YAML."""
+    _run_spec_file(spec, out, database_url)
+
+
+@app.command()
+def demo(
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Where to write the best schedule YAML.")
+    ] = Path("best-schedule.yaml"),
+) -> None:
+    """Tune a real schedule for the mnist1d task in a few minutes and print it."""
+    _run_spec_file(DEMO_SPEC, out, None)
