@@ -1,0 +1,170 @@
+"""What the store returns: frozen dataclasses and status enums (never ORM objects).
+
+Every record is built from a fresh query, so its ``dict`` fields (spec, schedule, ...) are
+private copies: changing one changes nothing in the database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class StudyStatus(StrEnum):
+    """A study's life cycle: queued -> running -> completed | failed | cancelled.
+
+    A queued study can also go straight to cancelled.
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in FINISHED_STUDY_STATUSES
+
+
+FINISHED_STUDY_STATUSES: frozenset[StudyStatus] = frozenset(
+    {StudyStatus.COMPLETED, StudyStatus.FAILED, StudyStatus.CANCELLED}
+)
+
+
+class TrialStatus(StrEnum):
+    """A trial's life cycle: running -> completed | stopped | diverged | failed.
+
+    ``stopped``: ended early by the scheduler (e.g. ASHA) or a cancelled study;
+    ``diverged``: the loss became non-finite; ``failed``: an error or a lost worker.
+    """
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    DIVERGED = "diverged"
+    FAILED = "failed"
+
+    @property
+    def is_finished(self) -> bool:
+        return self is not TrialStatus.RUNNING
+
+
+FINISHED_TRIAL_STATUSES: frozenset[TrialStatus] = frozenset(
+    s for s in TrialStatus if s is not TrialStatus.RUNNING
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StudyRecord:
+    """One study, with its progress (trial counts, best trial so far)."""
+
+    id: int
+    name: str | None
+    owner: str | None
+    task: str
+    spec: dict[str, Any]
+    """The validated study spec, as plain JSON."""
+    status: StudyStatus
+    cancel_requested: bool
+    budget: int
+    """Number of trials the study may run (baselines included)."""
+    created_at: datetime
+    """All timestamps are timezone-aware UTC."""
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    worker_id: str | None
+    """The worker that claimed the study last (kept after it finishes)."""
+    attempts: int
+    """How many times the study was claimed: more than 1 means a worker took it over."""
+    error: str | None
+    best_trial_id: int | None
+    best_trial_number: int | None
+    best_value: float | None
+    summary: dict[str, Any] | None
+    """The engine's comparison of the best schedule against the baselines."""
+    trials_done: int
+    """Trials in a finished state (completed, stopped, diverged or failed)."""
+    trials_running: int
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def trials_remaining(self) -> int:
+        """Budget not yet spent by finished or running trials (never negative)."""
+        return max(0, self.budget - self.trials_done - self.trials_running)
+
+
+@dataclass(frozen=True, slots=True)
+class TrialRecord:
+    """One trial: the schedule it trained and its final metrics (``None`` until known)."""
+
+    id: int
+    study_id: int
+    number: int
+    """Unique within the study; baselines and tuned trials share the numbering."""
+    baseline: str | None
+    """The baseline's name (``"small_batch"``, ``"smith"``, ...) or ``None`` for a tuned trial."""
+    schedule: dict[str, Any]
+    params: dict[str, Any]
+    status: TrialStatus
+    stop_reason: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    epochs_done: int
+    """Number of epochs with recorded metrics (unless ``finish_trial`` set it explicitly)."""
+    val_accuracy: float | None
+    val_loss: float | None
+    steps: int | None
+    samples: int | None
+    wall_time_s: float | None
+    mean_batch_size: float | None
+    objective_values: dict[str, float | None] | None
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.baseline is not None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+
+@dataclass(frozen=True, slots=True)
+class EpochMetrics:
+    """The metrics one trial reported for one epoch; unknown keys are kept in ``extra``."""
+
+    trial_id: int
+    epoch: int
+    val_accuracy: float | None
+    val_loss: float | None
+    train_loss: float | None
+    epoch_time_s: float | None
+    samples_per_s: float | None
+    steps: int | None
+    samples: int | None
+    batch_size: int | None
+    lr: float | None
+    noise_scale: float | None
+    extra: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a listing: ``items`` and the ``total`` matching the filters."""
+
+    items: tuple[T, ...]
+    total: int
+    limit: int
+    offset: int
+
+    @property
+    def has_more(self) -> bool:
+        return self.offset + len(self.items) < self.total
