@@ -88,9 +88,9 @@ MAX_YAML_CHARS: Final = 4 * 1024 * 1024
 Decay = Literal["constant", "cosine", "linear", "step"]
 ScalingRule = Literal["none", "linear", "sqrt"]
 Optimizer = Literal["sgd", "adamw", "lars"]
-DECAYS: Final[tuple[str, ...]] = get_args(Decay)
-SCALING_RULES: Final[tuple[str, ...]] = get_args(ScalingRule)
-OPTIMIZERS: Final[tuple[str, ...]] = get_args(Optimizer)
+DECAYS: Final[tuple[Decay, ...]] = get_args(Decay)
+SCALING_RULES: Final[tuple[ScalingRule, ...]] = get_args(ScalingRule)
+OPTIMIZERS: Final[tuple[Optimizer, ...]] = get_args(Optimizer)
 
 # Tolerance (in units of step intervals) used to decide on which side of an LR step a
 # fractional epoch falls, so that 0.3 / 0.1 == 2.9999999999999996 counts as 3 intervals.
