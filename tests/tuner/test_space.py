@@ -1,0 +1,186 @@
+"""The search space, sampled through a real Optuna study (no Ray): every draw is a valid
+schedule inside the space, and infeasible spaces are rejected up front."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import optuna
+import pytest
+
+from tuner.errors import ValidationError
+from tuner.schedule import Schedule, Stage, place
+from tuner.space import ScheduleSpace, check_feasible, constraint_violations
+from tuner.spec import StudySpec, TaskDefaults
+
+DEFAULTS = TaskDefaults(epochs=20, base_batch_size=32, base_lr=0.05)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def space_of(text: str, defaults: TaskDefaults = DEFAULTS) -> ScheduleSpace:
+    return ScheduleSpace.from_spec(StudySpec.from_yaml(text).resolve(defaults))
+
+
+def draw(space: ScheduleSpace, n: int, seed: int = 0) -> list[tuple[Schedule, dict[str, object]]]:
+    """``n`` schedules from a seeded TPE study; each told a score so TPE leaves its startup."""
+    study = optuna.create_study(
+        direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=10)
+    )
+    out = []
+    for _ in range(n):
+        trial = study.ask()
+        schedule = space.sample(trial)
+        # Reward many large-batch epochs, so TPE pushes into a corner of the space.
+        study.tell(trial, schedule.mean_batch_size(5000))
+        out.append((schedule, dict(trial.params)))
+    return out
+
+
+SPEC = """
+task: mnist1d
+schedule: {total_epochs: 12, scaling_rule: sqrt}
+space:
+  stages: {min: 1, max: 4}
+  min_stage_fraction: 0.15
+  batch_size: {min: 24, max: 1000}
+  lr_multiplier: {min: 0.5, max: 2.0}
+  warmup_epochs: {min: 0.5, max: 3.0}
+  decay: [constant, cosine]
+  label_smoothing: [0.0, 0.1]
+resources: {workers: 2, micro_batch: 16}
+"""
+
+
+def test_200_sampled_schedules_are_valid_and_inside_the_space() -> None:
+    space = space_of(SPEC)
+    # Batch sizes: powers of two in [24, 1000] that are multiples of 2 workers x 16 = 32.
+    assert space.batch_sizes == (32, 64, 128, 256, 512)
+    assert space.min_stage_epochs == 2  # ceil(0.15 x 12)
+    stage_counts: Counter[int] = Counter()
+    for schedule, params in draw(space, 200):
+        stage_counts[schedule.num_stages] += 1
+        assert schedule.total_epochs == 12
+        assert schedule.stages[0].start_epoch == 0
+        assert schedule.scaling_rule == "sqrt"
+        assert schedule.label_smoothing in (0.0, 0.1)
+        batches = [st.batch_size for st in schedule.stages]
+        assert batches == sorted(batches), "batch sizes must be non-decreasing"
+        for st in schedule.stages:
+            assert st.batch_size in space.batch_sizes
+            assert st.num_epochs >= 2
+            assert 0.5 <= st.lr_multiplier <= 2.0
+            assert min(0.5, st.num_epochs) <= st.warmup_epochs <= min(3.0, st.num_epochs)
+            assert st.decay in ("constant", "cosine")
+        # Placeable on the study's workers (what the trainable will do).
+        assert len(place(schedule, 2, 16)) == schedule.num_stages
+        assert params["n_stages"] == schedule.num_stages
+        # The document round-trips (it is what trials store and export).
+        assert Schedule.from_dict(schedule.to_dict()) == schedule
+    assert set(stage_counts) == {1, 2, 3, 4}, stage_counts
+
+
+def test_sampling_is_reproducible_with_the_seed() -> None:
+    space = space_of(SPEC)
+    first = [s.to_dict() for s, _ in draw(space, 15, seed=3)]
+    second = [s.to_dict() for s, _ in draw(space, 15, seed=3)]
+    other = [s.to_dict() for s, _ in draw(space, 15, seed=4)]
+    assert first == second
+    assert first != other
+
+
+def test_decreasing_batches_are_sampled_only_when_allowed() -> None:
+    space = space_of(
+        "task: mnist1d\nschedule: {total_epochs: 8}\n"
+        "space: {stages: {min: 3, max: 3}, allow_decreasing_batch: true}"
+    )
+    schedules = [s for s, _ in draw(space, 60)]
+    assert all(s.allow_decreasing_batch for s in schedules)
+    assert any(
+        any(b.batch_size < a.batch_size for a, b in zip(s.stages, s.stages[1:], strict=False))
+        for s in schedules
+    )
+
+
+def test_stage_count_is_capped_by_what_fits_in_the_run() -> None:
+    space = space_of(
+        "task: mnist1d\nschedule: {total_epochs: 5}\n"
+        "space: {stages: {min: 1, max: 8}, min_stage_fraction: 0.2}"
+    )
+    assert space.stages_max == 5
+    for schedule, _ in draw(space, 40):
+        assert all(st.num_epochs >= 1 for st in schedule.stages)
+
+
+def test_boundaries_spread_over_the_whole_run() -> None:
+    """Stick-breaking: the first stage is not systematically longer than the last."""
+    space = space_of(
+        "task: mnist1d\nschedule: {total_epochs: 40}\n"
+        "space: {stages: {min: 3, max: 3}, min_stage_fraction: 0.025}"
+    )
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    firsts, lasts = [], []
+    for _ in range(300):
+        schedule = space.sample(study.ask())
+        firsts.append(schedule.stages[0].num_epochs)
+        lasts.append(schedule.stages[-1].num_epochs)
+    mean_first, mean_last = sum(firsts) / 300, sum(lasts) / 300
+    assert math.isclose(mean_first, 40 / 3, rel_tol=0.15)
+    assert math.isclose(mean_last, 40 / 3, rel_tol=0.15)
+
+
+@pytest.mark.parametrize(
+    ("text", "defaults", "reason"),
+    [
+        (
+            # Spec-valid (batch max left to the default 16 x base = 64), empty once resolved.
+            "task: mnist1d\nresources: {workers: 2, micro_batch: 64}",
+            TaskDefaults(epochs=10, base_batch_size=4, base_lr=0.1),
+            "no power of two in [4, 64] is a multiple of workers x micro_batch = 128",
+        ),
+        (
+            "task: mnist1d\nspace: {stages: {min: 3, max: 4}}",
+            TaskDefaults(epochs=2, base_batch_size=32, base_lr=0.1),
+            "do not fit in the run",
+        ),
+    ],
+)
+def test_empty_spaces_are_rejected_with_the_fix(
+    text: str, defaults: TaskDefaults, reason: str
+) -> None:
+    with pytest.raises(ValidationError, match="space") as info:
+        ScheduleSpace.from_spec(StudySpec.from_yaml(text).resolve(defaults))
+    assert reason in str(info.value)
+
+
+def test_constraint_violations_are_relative_and_signed() -> None:
+    spec = StudySpec.from_yaml(
+        "task: mnist1d\nschedule: {total_epochs: 4}\n"
+        "objective: {max_mean_batch_size: 64, max_steps: 100}"
+    )
+    space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
+    small = space.schedule([Stage(0, 4, 32)])
+    big = space.schedule([Stage(0, 4, 128)])
+    ok = constraint_violations(small, spec.objective, 1024)
+    # 1024 // 32 = 32 steps/epoch x 4 = 128 steps > 100; mean batch 32 <= 64.
+    assert ok["max_mean_batch_size"] == pytest.approx(32 / 64 - 1)
+    assert ok["max_steps"] == pytest.approx(128 / 100 - 1)
+    bad = constraint_violations(big, spec.objective, 1024)
+    assert bad["max_mean_batch_size"] == pytest.approx(1.0)
+    assert bad["max_steps"] < 0
+    assert constraint_violations(small, StudySpec.from_yaml("task: mnist1d").objective, None) == {}
+
+
+def test_check_feasible_rejects_constraints_no_schedule_can_meet() -> None:
+    spec = StudySpec.from_yaml(
+        "task: mnist1d\nschedule: {total_epochs: 10}\nspace: {batch_size: {min: 32, max: 256}}\n"
+        "objective: {max_steps: 100}"
+    )
+    space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
+    # Largest batch 256 on 5000 samples: 19 steps/epoch x 10 = 190 > 100.
+    with pytest.raises(ValidationError, match="takes 190 steps on 5000 samples"):
+        check_feasible(space, spec.objective, 5000)
+    check_feasible(space, spec.objective, 2560)  # 10 x 10 = 100 steps: feasible
+    with pytest.raises(ValidationError, match="exceeds the task's 200 training samples"):
+        check_feasible(space, spec.objective, 200)

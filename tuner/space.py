@@ -1,0 +1,321 @@
+"""The search space as an Optuna define-by-run function that yields a valid :class:`Schedule`.
+
+A variable number of stages is a conditional space: the function first draws ``n_stages``
+and then the parameters of that many stages. Validity is built into the sampling, never
+checked and rejected afterwards:
+
+* **Boundaries** (whole epochs, each stage at least ``min_stage_epochs`` long): every stage
+  gets the minimum length, and the slack ``total - n * min`` is split by stick-breaking. The
+  share ``u_i`` in [0, 1] of stage ``i`` is mapped through the inverse CDF of
+  ``Beta(1, m)`` (``m`` = stages after it), so uniformly drawn shares give stage lengths
+  uniform over the simplex and every draw gives ordered, contiguous boundaries.
+* **Batch sizes** are powers of two ``2**e``; stage 0 draws ``e`` from the space's range and
+  each later stage from ``[previous e, max]`` (non-decreasing by construction); with
+  ``allow_decreasing_batch`` each stage draws from the whole range.
+* **LR multipliers** are log-uniform in ``[min, max]``; 1 is the LR the scaling rule gives
+  for the stage's batch size (the prior), so the range is centred on it in log space.
+* **Warm-up** epochs are uniform in ``[min, max]``, clipped to the stage's length.
+
+Parameter names (as Optuna and optuna-dashboard show them): ``n_stages``, ``share_<i>``,
+``batch_exp_<i>``, ``lr_mult_<i>``, ``warmup_<i>``, ``decay_<i>`` (only with more than one
+decay choice), ``label_smoothing`` (only with more than one choice); ``i`` is 0-based.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, cast
+
+from tuner.errors import ValidationError
+from tuner.schedule import PlacementHint, Schedule, Stage
+from tuner.spec import AccuracyObjective, ResolvedSpec, StageDecay, min_stage_epochs
+
+__all__ = [
+    "ScheduleSpace",
+    "SuggestTrial",
+    "check_feasible",
+    "constraint_violations",
+]
+
+
+class SuggestTrial(Protocol):
+    """The part of ``optuna.Trial`` the define-by-run function uses."""
+
+    def suggest_int(self, name: str, low: int, high: int) -> int: ...
+
+    def suggest_float(self, name: str, low: float, high: float, *, log: bool = False) -> float: ...
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ScheduleSpace:
+    """Everything needed to draw schedules; built from a resolved spec by :meth:`from_spec`."""
+
+    total_epochs: int
+    base_lr: float
+    base_batch_size: int
+    scaling_rule: Literal["none", "linear", "sqrt"]
+    optimizer: Literal["sgd", "adamw", "lars"]
+    momentum: float
+    weight_decay: float
+    stages_min: int
+    stages_max: int
+    min_stage_epochs: int
+    batch_exp_min: int
+    batch_exp_max: int
+    lr_mult_min: float
+    lr_mult_max: float
+    warmup_min: float
+    warmup_max: float
+    label_smoothing: tuple[float, ...]
+    decays: tuple[StageDecay, ...]
+    allow_decreasing_batch: bool
+    world_size: int
+    micro_batch: int | None
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_spec(cls, resolved: ResolvedSpec) -> ScheduleSpace:
+        """The space of a resolved spec; :class:`ValidationError` if it holds no schedule."""
+        spec = resolved.spec
+        space = spec.space
+        epochs = resolved.total_epochs
+        min_len = min_stage_epochs(space.min_stage_fraction, epochs)
+        fit = epochs // min_len
+        if space.stages.min > fit:
+            raise ValidationError(
+                f"the search space is empty: {space.stages.min} stages of at least {min_len} "
+                f"epoch(s) do not fit in {epochs} epochs; lower space.stages.min or "
+                "space.min_stage_fraction"
+            )
+        unit = spec.resources.batch_unit
+        if unit & (unit - 1):
+            raise ValidationError(
+                f"the search space is empty: batch sizes are powers of two and none is a "
+                f"multiple of workers x micro_batch = {unit}; use a power-of-two number of "
+                "workers and micro-batch"
+            )
+        lo_exp = max(_ceil_log2(resolved.batch_min), unit.bit_length() - 1)
+        hi_exp = _floor_log2(resolved.batch_max)
+        if lo_exp > hi_exp:
+            raise ValidationError(
+                f"the search space is empty: no power of two in [{resolved.batch_min}, "
+                f"{resolved.batch_max}] is a multiple of workers x micro_batch = {unit}; "
+                f"widen space.batch_size (e.g. max: {max(unit, 1 << lo_exp)})"
+            )
+        return cls(
+            total_epochs=epochs,
+            base_lr=resolved.base_lr,
+            base_batch_size=resolved.base_batch_size,
+            scaling_rule=spec.schedule.scaling_rule,
+            optimizer=resolved.optimizer,
+            momentum=resolved.momentum,
+            weight_decay=resolved.weight_decay,
+            stages_min=space.stages.min,
+            stages_max=min(space.stages.max, fit),
+            min_stage_epochs=min_len,
+            batch_exp_min=lo_exp,
+            batch_exp_max=hi_exp,
+            lr_mult_min=space.lr_multiplier.min,
+            lr_mult_max=space.lr_multiplier.max,
+            warmup_min=space.warmup_epochs.min,
+            warmup_max=space.warmup_epochs.max,
+            label_smoothing=tuple(space.label_smoothing),
+            decays=tuple(space.decay),
+            allow_decreasing_batch=space.allow_decreasing_batch,
+            world_size=spec.resources.workers,
+            micro_batch=spec.resources.micro_batch,
+        )
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """Every batch size a stage can get, ascending."""
+        return tuple(1 << e for e in range(self.batch_exp_min, self.batch_exp_max + 1))
+
+    @property
+    def smallest_batch(self) -> int:
+        return 1 << self.batch_exp_min
+
+    @property
+    def largest_batch(self) -> int:
+        return 1 << self.batch_exp_max
+
+    def describe(self) -> dict[str, Any]:
+        """The resolved ranges, for the study summary and logs."""
+        return {
+            "total_epochs": self.total_epochs,
+            "stages": [self.stages_min, self.stages_max],
+            "min_stage_epochs": self.min_stage_epochs,
+            "batch_sizes": list(self.batch_sizes),
+            "lr_multiplier": [self.lr_mult_min, self.lr_mult_max],
+            "warmup_epochs": [self.warmup_min, self.warmup_max],
+            "label_smoothing": list(self.label_smoothing),
+            "decay": list(self.decays),
+            "allow_decreasing_batch": self.allow_decreasing_batch,
+        }
+
+    # ------------------------------------------------------------------ sampling
+
+    def sample(self, trial: SuggestTrial) -> Schedule:
+        """Draw one schedule through ``trial`` (define-by-run); always a valid Schedule."""
+        n = self._suggest_int(trial, "n_stages", self.stages_min, self.stages_max)
+        lengths = self._sample_lengths(trial, n)
+
+        exps: list[int] = []
+        for i in range(n):
+            low = self.batch_exp_min
+            if i > 0 and not self.allow_decreasing_batch:
+                low = exps[-1]
+            exps.append(self._suggest_int(trial, f"batch_exp_{i}", low, self.batch_exp_max))
+
+        label_smoothing = self.label_smoothing[0]
+        if len(self.label_smoothing) > 1:
+            label_smoothing = float(
+                trial.suggest_categorical("label_smoothing", list(self.label_smoothing))
+            )
+
+        stages: list[Stage] = []
+        start = 0
+        for i, (length, exp) in enumerate(zip(lengths, exps, strict=True)):
+            mult = self.lr_mult_min
+            if self.lr_mult_min < self.lr_mult_max:
+                mult = trial.suggest_float(
+                    f"lr_mult_{i}", self.lr_mult_min, self.lr_mult_max, log=True
+                )
+            warmup = self.warmup_min
+            if self.warmup_min < self.warmup_max:
+                warmup = trial.suggest_float(f"warmup_{i}", self.warmup_min, self.warmup_max)
+            decay: StageDecay = self.decays[0]
+            if len(self.decays) > 1:
+                decay = cast(StageDecay, trial.suggest_categorical(f"decay_{i}", list(self.decays)))
+            stages.append(
+                Stage(
+                    start_epoch=start,
+                    end_epoch=start + length,
+                    batch_size=1 << exp,
+                    lr_multiplier=mult,
+                    warmup_epochs=min(warmup, float(length)),
+                    decay=decay,
+                )
+            )
+            start += length
+        return self.schedule(stages, label_smoothing=label_smoothing)
+
+    def schedule(self, stages: Sequence[Stage], *, label_smoothing: float = 0.0) -> Schedule:
+        """A schedule of ``stages`` with this space's run-wide settings."""
+        return Schedule(
+            stages=tuple(stages),
+            base_lr=self.base_lr,
+            base_batch_size=self.base_batch_size,
+            scaling_rule=self.scaling_rule,
+            optimizer=self.optimizer,
+            momentum=self.momentum,
+            weight_decay=self.weight_decay,
+            label_smoothing=label_smoothing,
+            allow_decreasing_batch=self.allow_decreasing_batch,
+            placement=PlacementHint(world_size=self.world_size, micro_batch=self.micro_batch),
+        )
+
+    def _sample_lengths(self, trial: SuggestTrial, n: int) -> list[int]:
+        slack = self.total_epochs - n * self.min_stage_epochs
+        lengths: list[int] = []
+        remaining = slack
+        for i in range(n - 1):
+            after = n - 1 - i  # stages after this one
+            u = trial.suggest_float(f"share_{i}", 0.0, 1.0)
+            # Inverse CDF of Beta(1, after): uniform u -> uniform over the simplex.
+            fraction = 1.0 - (1.0 - u) ** (1.0 / after)
+            extra = min(remaining, max(0, round(fraction * remaining)))
+            lengths.append(self.min_stage_epochs + extra)
+            remaining -= extra
+        lengths.append(self.min_stage_epochs + remaining)
+        return lengths
+
+    @staticmethod
+    def _suggest_int(trial: SuggestTrial, name: str, low: int, high: int) -> int:
+        return low if low == high else int(trial.suggest_int(name, low, high))
+
+
+# --------------------------------------------------------------------------------------------
+# Constraints and feasibility
+# --------------------------------------------------------------------------------------------
+
+
+def constraint_violations(
+    schedule: Schedule, objective: object, train_size: int | None
+) -> dict[str, float]:
+    """How far ``schedule`` violates the objective's constraints, relative (> 0: violated).
+
+    Keys are the constraint names (``max_mean_batch_size``, ...); a value <= 0 means met.
+    Needs the training-set size (steps and mean batch size depend on it); empty when the
+    objective has no constraint.
+    """
+    if not isinstance(objective, AccuracyObjective) or not objective.has_constraint:
+        return {}
+    if train_size is None:
+        raise ValidationError(
+            "checking the objective's constraint needs the training-set size of the task"
+        )
+    out: dict[str, float] = {}
+    mean = schedule.mean_batch_size(train_size)
+    if objective.max_mean_batch_size is not None:
+        out["max_mean_batch_size"] = mean / objective.max_mean_batch_size - 1.0
+    if objective.min_mean_batch_size is not None:
+        out["min_mean_batch_size"] = 1.0 - mean / objective.min_mean_batch_size
+    if objective.max_steps is not None:
+        out["max_steps"] = schedule.total_steps(train_size) / objective.max_steps - 1.0
+    return out
+
+
+def check_feasible(space: ScheduleSpace, objective: object, train_size: int | None) -> None:
+    """Raise :class:`ValidationError` when no schedule of ``space`` can be trained or meet the
+    objective's constraint (checked against the extreme schedules of the space)."""
+    if train_size is not None and space.largest_batch > train_size:
+        raise ValidationError(
+            f"the search space's largest batch size {space.largest_batch} exceeds the task's "
+            f"{train_size} training samples (an epoch would have no optimizer step); lower "
+            f"space.batch_size.max to at most {1 << _floor_log2(train_size)}"
+        )
+    if not isinstance(objective, AccuracyObjective) or not objective.has_constraint:
+        return
+    if objective.max_mean_batch_size is not None and (
+        objective.max_mean_batch_size < space.smallest_batch
+    ):
+        raise ValidationError(
+            f"no schedule can meet objective.max_mean_batch_size={objective.max_mean_batch_size}"
+            f": the smallest batch size of the space is {space.smallest_batch}; lower "
+            "space.batch_size.min or raise the constraint"
+        )
+    if objective.min_mean_batch_size is not None and (
+        objective.min_mean_batch_size > space.largest_batch
+    ):
+        raise ValidationError(
+            f"no schedule can meet objective.min_mean_batch_size={objective.min_mean_batch_size}"
+            f": the largest batch size of the space is {space.largest_batch}; raise "
+            "space.batch_size.max or lower the constraint"
+        )
+    if objective.max_steps is not None:
+        if train_size is None:
+            raise ValidationError("checking objective.max_steps needs the training-set size")
+        largest = space.schedule([Stage(0, space.total_epochs, space.largest_batch)])
+        fewest = largest.total_steps(train_size)
+        if fewest > objective.max_steps:
+            raise ValidationError(
+                f"no schedule can meet objective.max_steps={objective.max_steps}: even the "
+                f"largest batch ({space.largest_batch}) for all {space.total_epochs} epochs "
+                f"takes {fewest} steps on {train_size} samples; raise the constraint, "
+                "space.batch_size.max or lower schedule.total_epochs"
+            )
+
+
+def _ceil_log2(n: int) -> int:
+    return max(0, (n - 1).bit_length())
+
+
+def _floor_log2(n: int) -> int:
+    return n.bit_length() - 1

@@ -1,0 +1,659 @@
+"""The study spec: what a user asks the tuner for (task, search space, objective, budget).
+
+A :class:`StudySpec` is a pydantic v2 model. Every model forbids unknown keys (a typo is an
+error naming the field) and every number is bounded (an absurd value is an error saying the
+allowed range). ``task: mnist1d`` alone is a valid spec: everything else has a default, and
+the run-wide settings left ``null`` (epochs, base batch size, base LR, optimizer) take the
+task's defaults when the study runs (:meth:`StudySpec.resolve`).
+
+Example (YAML; JSON works too)::
+
+    task: mnist1d
+    name: mnist1d-demo
+    seed: 0
+    schedule: {total_epochs: 12, scaling_rule: linear}
+    space:
+      stages: {min: 1, max: 3}
+      min_stage_fraction: 0.15
+      batch_size: {min: 32, max: 512}
+      lr_multiplier: {min: 0.5, max: 2.0}
+      warmup_epochs: {min: 0.0, max: 1.0}
+    objective: {kind: accuracy, max_mean_batch_size: 256}
+    budget: {trials: 12, grace_period_epochs: 3, reduction_factor: 3}
+    resources: {workers: 1, cpus_per_worker: 1}
+    baselines: true
+
+Feasibility that needs the task (its defaults, its dataset size) is checked by
+:meth:`StudySpec.resolve` and :func:`tuner.space.check_feasible` when the study starts; what
+the spec alone can tell is checked here, so the API rejects it with a 422.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, Literal, Self
+
+import pydantic
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from tuner.errors import ValidationError
+from tuner.tasks import check_task_name
+
+__all__ = [
+    "BASELINE_NAMES",
+    "MAX_TRIALS",
+    "AccuracyObjective",
+    "BatchSizeRange",
+    "Budget",
+    "IntRange",
+    "Objective",
+    "ParetoObjective",
+    "ResolvedSpec",
+    "Resources",
+    "RunSettings",
+    "SearchSpace",
+    "StageDecay",
+    "StudySpec",
+    "TaskDefaults",
+    "TimeToAccuracyObjective",
+    "format_validation_error",
+]
+
+#: The baselines every study evaluates first (when ``baselines: true``), in this order.
+BASELINE_NAMES: Final[tuple[str, ...]] = ("small_batch", "large_batch", "increase_batch")
+
+MAX_TRIALS: Final = 10_000
+MAX_EPOCHS: Final = 10_000
+MAX_SPACE_STAGES: Final = 16
+MAX_BATCH: Final = 2**24
+MAX_SPEC_CHARS: Final = 256 * 1024
+
+StageDecay = Literal["constant", "cosine", "linear"]
+Cost = Literal["steps", "wall_time"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Run-wide schedule settings
+# --------------------------------------------------------------------------------------------
+
+
+class RunSettings(_Model):
+    """Settings shared by every schedule of the study; ``null`` = the task's default."""
+
+    total_epochs: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_EPOCHS,
+        description="Epochs of every trial; null: the task default.",
+    )
+    base_lr: float | None = Field(
+        default=None,
+        gt=0,
+        le=100,
+        description="LR at base_batch_size (the multipliers refer to it); null: task default.",
+    )
+    base_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_BATCH,
+        description="Batch size base_lr is tuned for (the small-batch baseline); null: task "
+        "default.",
+    )
+    scaling_rule: Literal["none", "linear", "sqrt"] = Field(
+        default="linear",
+        description="How a stage's LR scales with its batch size before the multiplier.",
+    )
+    optimizer: Literal["sgd", "adamw", "lars"] | None = Field(
+        default=None, description="Optimizer; null: the task's default."
+    )
+    momentum: float | None = Field(
+        default=None, ge=0, lt=1, description="null: the task's default."
+    )
+    weight_decay: float | None = Field(
+        default=None, ge=0, le=1, description="null: the task's default."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Search space
+# --------------------------------------------------------------------------------------------
+
+
+class IntRange(_Model):
+    min: int = Field(ge=1, le=MAX_SPACE_STAGES)
+    max: int = Field(ge=1, le=MAX_SPACE_STAGES)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+
+class BatchSizeRange(_Model):
+    """Global batch sizes: the powers of two in ``[min, max]`` (that are multiples of
+    ``workers x micro_batch`` where a micro-batch is set). ``null`` bounds: ``min`` = the base
+    batch size, ``max`` = 16 x ``min``."""
+
+    min: int | None = Field(default=None, ge=1, le=MAX_BATCH)
+    max: int | None = Field(default=None, ge=1, le=MAX_BATCH)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min is not None and self.max is not None:
+            if self.min > self.max:
+                raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+            if _pow2_floor(self.max) < self.min:
+                raise ValueError(
+                    f"no power of two lies in [{self.min}, {self.max}]; widen the range "
+                    f"(e.g. max: {_pow2_ceil(self.min)})"
+                )
+        return self
+
+
+class LrMultiplierRange(_Model):
+    """A log range around 1, where 1 is the LR the scaling rule gives for the stage's batch."""
+
+    min: float = Field(default=0.25, gt=0, le=1, allow_inf_nan=False)
+    max: float = Field(default=4.0, ge=1, le=1000, allow_inf_nan=False)
+
+
+class WarmupRange(_Model):
+    """Warm-up epochs at the start of each stage (clipped to the stage's length)."""
+
+    min: float = Field(default=0.0, ge=0, le=MAX_EPOCHS, allow_inf_nan=False)
+    max: float = Field(default=1.0, ge=0, le=MAX_EPOCHS, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+
+class SearchSpace(_Model):
+    """The ranges the tuner draws schedules from.
+
+    Ordering is built into the sampling (boundaries are increasing, batch sizes non-decreasing
+    unless ``allow_decreasing_batch``), so every drawn schedule is valid.
+    """
+
+    stages: IntRange = Field(default=IntRange(min=1, max=4), description="Number of stages.")
+    min_stage_fraction: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="Shortest stage as a fraction of the run (and at least one epoch); stage "
+        "boundaries are whole epochs.",
+    )
+    batch_size: BatchSizeRange = BatchSizeRange()
+    lr_multiplier: LrMultiplierRange = LrMultiplierRange()
+    warmup_epochs: WarmupRange = WarmupRange()
+    label_smoothing: tuple[Annotated[float, Field(ge=0, le=0.5)], ...] = Field(
+        default=(0.0,),
+        min_length=1,
+        max_length=8,
+        description="Label-smoothing values to choose from (one value: fixed).",
+    )
+    decay: tuple[StageDecay, ...] = Field(
+        default=("constant",),
+        min_length=1,
+        max_length=3,
+        description="LR decays inside a stage to choose from, per stage.",
+    )
+    allow_decreasing_batch: bool = False
+
+    @field_validator("label_smoothing", "decay")
+    @classmethod
+    def _unique(cls, value: tuple[Any, ...]) -> tuple[Any, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("choices must be distinct")
+        return value
+
+
+# --------------------------------------------------------------------------------------------
+# Objectives
+# --------------------------------------------------------------------------------------------
+
+
+class AccuracyObjective(_Model):
+    """Maximise the final validation accuracy, optionally under a constraint.
+
+    Constraints are checked on each sampled schedule before it is trained (they follow from
+    the schedule and the dataset size): a violating schedule is never trained; it is recorded
+    in the Optuna study as infeasible so the sampler learns to avoid the region.
+    """
+
+    kind: Literal["accuracy"] = "accuracy"
+    max_mean_batch_size: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_BATCH,
+        description="Mean batch size (samples / steps) at most this.",
+    )
+    min_mean_batch_size: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_BATCH,
+        description="Mean batch size (samples / steps) at least this.",
+    )
+    max_steps: int | None = Field(
+        default=None, ge=1, le=10**12, description="Total optimizer steps of the run at most this."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        lo, hi = self.min_mean_batch_size, self.max_mean_batch_size
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(
+                f"min_mean_batch_size ({lo}) exceeds max_mean_batch_size ({hi}): no schedule "
+                "can meet both"
+            )
+        return self
+
+    @property
+    def has_constraint(self) -> bool:
+        return any(
+            v is not None
+            for v in (self.max_mean_batch_size, self.min_mean_batch_size, self.max_steps)
+        )
+
+
+class TimeToAccuracyObjective(_Model):
+    """Minimise the cost (optimizer steps or wall time) of reaching ``target_accuracy``.
+
+    A trial stops as soon as it reaches the target; one that never does scores
+    ``penalty_factor x (its whole-run cost) x (1 + shortfall)`` so nearer misses rank better.
+    """
+
+    kind: Literal["time_to_accuracy"] = "time_to_accuracy"
+    target_accuracy: float = Field(gt=0, le=1, description="Validation accuracy to reach.")
+    cost: Cost = "steps"
+    penalty_factor: float = Field(default=2.0, ge=1, le=100)
+
+
+class ParetoObjective(_Model):
+    """Accuracy (max) and cost (min) as a Pareto front; no early stopping (ASHA needs one
+    metric). The recommended schedule is the cheapest front member whose accuracy is within
+    ``accuracy_tolerance`` of the front's best."""
+
+    kind: Literal["pareto"] = "pareto"
+    cost: Cost = "steps"
+    accuracy_tolerance: float = Field(default=0.01, ge=0, le=1)
+
+
+def _objective_kind(value: Any) -> str | None:
+    """The discriminator of :data:`Objective`: ``kind``, ``accuracy`` when left out."""
+    if isinstance(value, dict):
+        kind = value.get("kind", "accuracy")
+        return kind if isinstance(kind, str) else None
+    kind = getattr(value, "kind", None)
+    return kind if isinstance(kind, str) else None
+
+
+Objective = Annotated[
+    Annotated[AccuracyObjective, Tag("accuracy")]
+    | Annotated[TimeToAccuracyObjective, Tag("time_to_accuracy")]
+    | Annotated[ParetoObjective, Tag("pareto")],
+    Discriminator(
+        _objective_kind,
+        custom_error_type="invalid_objective_kind",
+        custom_error_message="objective.kind must be one of accuracy, time_to_accuracy, pareto",
+    ),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Budget and resources
+# --------------------------------------------------------------------------------------------
+
+
+class Budget(_Model):
+    trials: int = Field(
+        default=16, ge=1, le=MAX_TRIALS, description="Trials in all, the baselines included."
+    )
+    max_concurrent: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="Trials at once; null: as many as the cluster fits.",
+    )
+    grace_period_epochs: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_EPOCHS,
+        description="ASHA: epochs a trial runs before it can be stopped.",
+    )
+    reduction_factor: float = Field(
+        default=3.0, ge=2, le=16, description="ASHA: 1/fraction kept per rung."
+    )
+    early_stopping: bool = Field(
+        default=True, description="Stop unpromising trials with ASHA (single-objective studies)."
+    )
+    max_failures: int = Field(
+        default=1,
+        ge=0,
+        le=10,
+        description="Retries of a trial whose training raises before it fails.",
+    )
+    sampler: Literal["tpe", "random", "nsga2"] = Field(
+        default="tpe", description="Optuna sampler (seeded with the study seed)."
+    )
+    startup_trials: int = Field(
+        default=5, ge=1, le=1000, description="TPE: random trials before the model takes over."
+    )
+
+
+class Resources(_Model):
+    workers: int = Field(default=1, ge=1, le=1024, description="Data-parallel workers per trial.")
+    cpus_per_worker: float = Field(default=1.0, ge=0, le=256, allow_inf_nan=False)
+    gpus_per_worker: float = Field(
+        default=0.0,
+        ge=0,
+        le=16,
+        allow_inf_nan=False,
+        description="Fractions let trials share a GPU.",
+    )
+    micro_batch: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_BATCH,
+        description="Largest per-worker micro-batch (accumulation).",
+    )
+    performance_aware: bool = Field(
+        default=False, description="Split each batch across workers by measured throughput."
+    )
+
+    @model_validator(mode="after")
+    def _some_resources(self) -> Self:
+        if self.cpus_per_worker == 0 and self.gpus_per_worker == 0:
+            raise ValueError("a worker needs cpus_per_worker > 0 or gpus_per_worker > 0")
+        return self
+
+    @property
+    def batch_unit(self) -> int:
+        """Every batch size must be a multiple of this (workers x micro-batch, or workers)."""
+        return self.workers * (self.micro_batch or 1)
+
+
+# --------------------------------------------------------------------------------------------
+# The study spec
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskDefaults:
+    """What a task contributes to a spec's ``null`` settings (see :meth:`StudySpec.resolve`)."""
+
+    epochs: int
+    base_batch_size: int
+    base_lr: float
+    optimizer: Literal["sgd", "adamw", "lars"] = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class ResolvedSpec:
+    """A spec with every ``null`` replaced by a concrete value (what the engine runs)."""
+
+    spec: StudySpec
+    total_epochs: int
+    base_lr: float
+    base_batch_size: int
+    optimizer: Literal["sgd", "adamw", "lars"]
+    momentum: float
+    weight_decay: float
+    batch_min: int
+    batch_max: int
+
+    @property
+    def n_baselines(self) -> int:
+        return len(BASELINE_NAMES) if self.spec.baselines else 0
+
+
+class StudySpec(_Model):
+    """One tuning job. ``task`` is required; everything else has a default."""
+
+    task: str = Field(min_length=1, max_length=100, description="A registered task name.")
+    task_options: dict[str, Any] = Field(
+        default_factory=dict, description="Options of the task (validated by the task)."
+    )
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    schedule: RunSettings = RunSettings()
+    space: SearchSpace = SearchSpace()
+    objective: Objective = AccuracyObjective()
+    budget: Budget = Budget()
+    resources: Resources = Resources()
+    baselines: bool = Field(
+        default=True,
+        description="Evaluate the small-batch, large-batch (Goyal) and increase-the-batch "
+        "(Smith) baselines as the first trials.",
+    )
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, value: str) -> str:
+        try:
+            return check_task_name(value)
+        except ValidationError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("task_options")
+    @classmethod
+    def _small_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"task_options must be plain JSON values: {exc}") from None
+        if len(text) > 10_000:
+            raise ValueError("task_options is too large (over 10,000 characters as JSON)")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Self:
+        problems: list[str] = []
+        n_baselines = len(BASELINE_NAMES) if self.baselines else 0
+        if self.budget.trials <= n_baselines:
+            problems.append(
+                f"budget.trials ({self.budget.trials}) must exceed the {n_baselines} baseline "
+                "trials (the budget includes them); raise budget.trials or set baselines: false"
+            )
+        epochs = self.schedule.total_epochs
+        if epochs is not None:
+            problems.extend(_epoch_problems(self, epochs))
+        problems.extend(_batch_problems(self))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_yaml(cls, text: str) -> StudySpec:
+        """Parse a spec from YAML or JSON text; :class:`ValidationError` listing every problem."""
+        if len(text) > MAX_SPEC_CHARS:
+            raise ValidationError(f"study spec is too large (over {MAX_SPEC_CHARS} characters)")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise ValidationError(f"study spec is not valid YAML{where}: {problem}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: object) -> StudySpec:
+        """Validate a plain mapping; :class:`ValidationError` listing every problem."""
+        if not isinstance(data, dict):
+            raise ValidationError(
+                "study spec must be a mapping with at least 'task:' (e.g. 'task: mnist1d'), "
+                f"got {type(data).__name__}"
+            )
+        try:
+            return cls.model_validate(data)
+        except pydantic.ValidationError as exc:
+            raise ValidationError(format_validation_error(exc)) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as plain JSON (defaults included), e.g. for the store."""
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    # ------------------------------------------------------------------ resolving
+
+    def resolve(self, defaults: TaskDefaults) -> ResolvedSpec:
+        """Fill the ``null`` settings from the task's defaults and check what then follows.
+
+        Raises :class:`ValidationError` when the resolved spec cannot work (e.g. the grace
+        period is longer than the run, or no batch size of the space fits the workers).
+        """
+        s = self.schedule
+        epochs = s.total_epochs if s.total_epochs is not None else defaults.epochs
+        base_batch = (
+            s.base_batch_size if s.base_batch_size is not None else defaults.base_batch_size
+        )
+        batch_min = (
+            self.space.batch_size.min if self.space.batch_size.min is not None else base_batch
+        )
+        batch_max = (
+            self.space.batch_size.max if self.space.batch_size.max is not None else 16 * batch_min
+        )
+        problems = _epoch_problems(self, epochs)
+        if batch_min > batch_max:
+            problems.append(
+                f"space.batch_size: min ({batch_min}) exceeds max ({batch_max}); set both bounds"
+            )
+        if problems:
+            raise ValidationError("study spec cannot run: " + "; ".join(problems))
+        return ResolvedSpec(
+            spec=self,
+            total_epochs=epochs,
+            base_lr=s.base_lr if s.base_lr is not None else defaults.base_lr,
+            base_batch_size=base_batch,
+            optimizer=s.optimizer if s.optimizer is not None else defaults.optimizer,
+            momentum=s.momentum if s.momentum is not None else defaults.momentum,
+            weight_decay=s.weight_decay if s.weight_decay is not None else defaults.weight_decay,
+            batch_min=batch_min,
+            batch_max=batch_max,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def min_stage_epochs(min_stage_fraction: float, total_epochs: int) -> int:
+    """The shortest allowed stage, in whole epochs (at least 1)."""
+    return max(1, math.ceil(min_stage_fraction * total_epochs - 1e-9))
+
+
+def _epoch_problems(spec: StudySpec, epochs: int) -> list[str]:
+    out: list[str] = []
+    if spec.budget.grace_period_epochs > epochs:
+        out.append(
+            f"budget.grace_period_epochs ({spec.budget.grace_period_epochs}) exceeds the run's "
+            f"{epochs} epochs; use at most {epochs}"
+        )
+    min_len = min_stage_epochs(spec.space.min_stage_fraction, epochs)
+    fit = epochs // min_len
+    if spec.space.stages.min > fit:
+        out.append(
+            f"space.stages.min ({spec.space.stages.min}) stages of at least {min_len} epoch(s) "
+            f"(min_stage_fraction {spec.space.min_stage_fraction} of {epochs} epochs) do not fit "
+            f"in the run; lower space.stages.min to {fit} or space.min_stage_fraction"
+        )
+    if spec.space.warmup_epochs.min > epochs:
+        out.append(
+            f"space.warmup_epochs.min ({spec.space.warmup_epochs.min}) exceeds the run's "
+            f"{epochs} epochs"
+        )
+    return out
+
+
+def _batch_problems(spec: StudySpec) -> list[str]:
+    out: list[str] = []
+    unit = spec.resources.batch_unit
+    lo, hi = spec.space.batch_size.min, spec.space.batch_size.max
+    if unit & (unit - 1):
+        out.append(
+            f"batch sizes are powers of two, and none is a multiple of resources.workers x "
+            f"micro_batch = {unit}; use a power-of-two number of workers (and micro-batch)"
+        )
+    elif hi is not None and _pow2_floor(hi) < unit:
+        out.append(
+            f"space.batch_size.max ({hi}) is smaller than workers x micro_batch = {unit}: "
+            "no batch size of the space can be split across the workers; raise "
+            f"space.batch_size.max to at least {unit}"
+        )
+    obj = spec.objective
+    if isinstance(obj, AccuracyObjective):
+        if (
+            obj.max_mean_batch_size is not None
+            and lo is not None
+            and obj.max_mean_batch_size < _pow2_ceil(lo)
+        ):
+            out.append(
+                f"objective.max_mean_batch_size ({obj.max_mean_batch_size}) is below the "
+                f"smallest batch size of the space ({_pow2_ceil(lo)}): no schedule can meet "
+                "it; lower space.batch_size.min or raise the constraint"
+            )
+        if (
+            obj.min_mean_batch_size is not None
+            and hi is not None
+            and obj.min_mean_batch_size > _pow2_floor(hi)
+        ):
+            out.append(
+                f"objective.min_mean_batch_size ({obj.min_mean_batch_size}) is above the "
+                f"largest batch size of the space ({_pow2_floor(hi)}): no schedule can meet "
+                "it; raise space.batch_size.max or lower the constraint"
+            )
+    return out
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+_OBJECTIVE_KINDS: Final = frozenset({"accuracy", "time_to_accuracy", "pareto"})
+
+
+def format_validation_error(exc: pydantic.ValidationError) -> str:
+    """One line per problem, ``field.path: reason``, prefixed with ``invalid study spec``."""
+    lines: list[str] = []
+    for err in exc.errors(include_url=False):
+        parts = [str(part) for part in err["loc"]]
+        if len(parts) > 1 and parts[0] == "objective" and parts[1] in _OBJECTIVE_KINDS:
+            del parts[1]  # the discriminator's tag, not a field
+        loc = ".".join(parts)
+        msg = str(err["msg"])
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see the documented spec fields)"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "invalid study spec: " + "; ".join(lines)
