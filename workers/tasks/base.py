@@ -1,0 +1,479 @@
+"""The task protocol, its data type, option validation, the in-process data cache, evaluation.
+
+A *task* is a training workload: a dataset (train / val / test tensors) and a model factory.
+:class:`Task` is the protocol the training loop relies on; :class:`BaseTask` implements the
+plumbing (option validation with user-facing messages, seeded caching of loaded data, no-op
+augmentation) so a concrete task only writes ``_load`` and ``_build``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import types
+import typing
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+import pydantic
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
+from torch import nn
+
+from tuner.errors import ValidationError
+
+__all__ = [
+    "BaseTask",
+    "OptimizerDefaults",
+    "Task",
+    "TaskData",
+    "TaskInfo",
+    "TaskOptions",
+    "clear_data_cache",
+    "derive_seed",
+    "evaluate",
+    "evaluate_totals",
+    "parse_options",
+    "set_data_cache_size",
+    "task_info",
+]
+
+Split = Literal["train", "val", "test"]
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """A task's dataset as tensors, on the CPU as loaded (move it with :meth:`to`).
+
+    ``*_x`` are floating-point inputs of shape ``(N, *input_shape)`` ready for the model;
+    ``*_y`` are int64 class indices in ``[0, num_classes)``. ``test_*`` is a split tuning never
+    sees (benchmarks only); tuning reads ``train_*`` and ``val_*``.
+
+    Loaded data is cached and shared between callers in the process: never modify these tensors
+    in place (index them, or copy first).
+    """
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
+        splits: tuple[Split, ...] = ("train", "val", "test")
+        for split in splits:
+            x, y = self.split(split)
+            if not x.is_floating_point():
+                raise ValueError(f"{split}_x must be floating point, got {x.dtype}")
+            if y.dtype != torch.int64 or y.dim() != 1:
+                raise ValueError(f"{split}_y must be a 1-D int64 tensor, got {y.dtype} {y.shape}")
+            if x.shape[0] != y.shape[0]:
+                raise ValueError(f"{split}_x has {x.shape[0]} rows but {split}_y {y.shape[0]}")
+            if tuple(x.shape[1:]) != tuple(self.input_shape):
+                raise ValueError(
+                    f"{split}_x has sample shape {tuple(x.shape[1:])}, "
+                    f"expected input_shape {self.input_shape}"
+                )
+
+    def split(self, name: Split) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, y)`` of the split ``"train"``, ``"val"`` or ``"test"``."""
+        if name == "train":
+            return self.train_x, self.train_y
+        if name == "val":
+            return self.val_x, self.val_y
+        if name == "test":
+            return self.test_x, self.test_y
+        raise ValueError(f"unknown split {name!r}; expected 'train', 'val' or 'test'")
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_y.shape[0])
+
+    @property
+    def num_val(self) -> int:
+        return int(self.val_y.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        return int(self.test_y.shape[0])
+
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> TaskData:
+        """A copy with every tensor on ``device`` (the same object's tensors if already there)."""
+        return replace(
+            self,
+            train_x=self.train_x.to(device, non_blocking=non_blocking),
+            train_y=self.train_y.to(device, non_blocking=non_blocking),
+            val_x=self.val_x.to(device, non_blocking=non_blocking),
+            val_y=self.val_y.to(device, non_blocking=non_blocking),
+            test_x=self.test_x.to(device, non_blocking=non_blocking),
+            test_y=self.test_y.to(device, non_blocking=non_blocking),
+        )
+
+
+@dataclass(frozen=True)
+class OptimizerDefaults:
+    """The optimizer settings a task's defaults were tuned with (a schedule may override them)."""
+
+    name: Literal["sgd", "adamw", "lars"] = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+
+
+class TaskOptions(BaseModel):
+    """Base of every task's options model: unknown keys are rejected, values are immutable.
+
+    ``data_seed`` fixes the data (generation, split) so that every trial of a study sees the
+    same data whatever its own seed; ``None`` derives the data from the seed passed to
+    ``load_data`` instead.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data_seed: int | None = Field(
+        default=0,
+        ge=0,
+        le=2**32 - 1,
+        description="Seed of data generation and splits; null: use the trial's seed.",
+    )
+
+
+OptionsT = TypeVar("OptionsT", bound=TaskOptions)
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A registered training workload. Subclass :class:`BaseTask` to implement one."""
+
+    name: str
+    description: str
+    default_epochs: int
+    default_base_batch_size: int
+    default_base_lr: float
+    default_optimizer: OptimizerDefaults
+    options_model: type[BaseModel]
+
+    def validate_options(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The options with defaults filled in (JSON-compatible); ``ValidationError`` if bad."""
+        ...
+
+    def load_data(self, options: Mapping[str, Any] | None, seed: int) -> TaskData:
+        """The task's data, deterministic in (options, data seed); cached in-process."""
+        ...
+
+    def build_model(self, options: Mapping[str, Any] | None) -> nn.Module:
+        """A fresh model (CPU, float32) mapping ``(B, *input_shape)`` to ``(B, num_classes)``.
+
+        Its initialisation is deterministic given ``torch.manual_seed`` set by the caller.
+        """
+        ...
+
+    def augment_batch(
+        self, x: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Training-time augmentation of one batch (on its device); identity when none."""
+        ...
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What the catalogue shows about a task (no data loaded)."""
+
+    name: str
+    description: str
+    default_epochs: int
+    default_base_batch_size: int
+    default_base_lr: float
+    default_optimizer: OptimizerDefaults
+    options_schema: dict[str, Any] = field(default_factory=dict)
+
+
+def task_info(task: Task) -> TaskInfo:
+    return TaskInfo(
+        name=task.name,
+        description=task.description,
+        default_epochs=task.default_epochs,
+        default_base_batch_size=task.default_base_batch_size,
+        default_base_lr=task.default_base_lr,
+        default_optimizer=task.default_optimizer,
+        options_schema=task.options_model.model_json_schema(),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# option validation with messages a user can act on
+
+
+def _type_name(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        names = " or ".join(_type_name(a) for a in args)
+        if len(args) < len(typing.get_args(annotation)):
+            names += " or null"
+        return names
+    simple: dict[Any, str] = {int: "an integer", float: "a number", bool: "true/false"}
+    simple[str] = "a string"
+    return simple.get(annotation) or str(getattr(annotation, "__name__", annotation))
+
+
+def describe_field(info: FieldInfo) -> str:
+    """``"an integer >= 100 and <= 100000, a multiple of 10 (default 5000)"``."""
+    bounds: list[str] = []
+    for meta in info.metadata:
+        for attr, symbol in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            value = getattr(meta, attr, None)
+            if value is not None:
+                bounds.append(f"{symbol} {value}")
+        multiple = getattr(meta, "multiple_of", None)
+        if multiple is not None:
+            bounds.append(f"a multiple of {multiple}")
+        min_length = getattr(meta, "min_length", None)
+        if min_length:
+            bounds.append(f"at least {min_length} long")
+    text = _type_name(info.annotation)
+    if bounds:
+        text += " " + " and ".join(b for b in bounds if not b.startswith("a multiple"))
+        multiples = [b for b in bounds if b.startswith("a multiple")]
+        if multiples:
+            text += ", " + multiples[0]
+    if info.is_required():
+        text += " (required)"
+    else:
+        text += f" (default {info.get_default(call_default_factory=True)!r})"
+    return text.replace("  ", " ")
+
+
+def parse_options(
+    task_name: str, model: type[OptionsT], options: Mapping[str, Any] | None
+) -> OptionsT:
+    """Validate ``options`` against ``model``; raise :class:`tuner.errors.ValidationError`
+    naming each bad option and what it allows."""
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise ValidationError(
+            f"options of task {task_name!r} must be a mapping of option names to values, "
+            f"got {type(options).__name__}"
+        )
+    try:
+        return model.model_validate(dict(options))
+    except pydantic.ValidationError as exc:
+        allowed = ", ".join(model.model_fields)
+        problems: list[str] = []
+        for err in exc.errors():
+            loc = ".".join(str(part) for part in err["loc"])
+            top = str(err["loc"][0]) if err["loc"] else ""
+            if err["type"] == "extra_forbidden":
+                problems.append(f"unknown option {loc!r} (allowed options: {allowed})")
+            elif err["type"] == "missing":
+                problems.append(
+                    f"option {loc!r} is required: {describe_field(model.model_fields[top])}"
+                )
+            elif top in model.model_fields:
+                problems.append(
+                    f"option {loc!r} = {err.get('input')!r} is invalid ({err['msg']}); "
+                    f"allowed: {describe_field(model.model_fields[top])}"
+                )
+            else:
+                msg = str(err["msg"]).removeprefix("Value error, ")
+                problems.append(msg)
+        raise ValidationError(
+            f"invalid options for task {task_name!r}: " + "; ".join(problems)
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# in-process data cache
+
+
+class _DataCache:
+    """A small LRU of loaded :class:`TaskData`, keyed by (task, options, data seed)."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[Hashable, TaskData] = OrderedDict()
+        self.lock = threading.RLock()
+
+    def get(self, key: Hashable) -> TaskData | None:
+        with self.lock:
+            data = self._entries.get(key)
+            if data is not None:
+                self._entries.move_to_end(key)
+            return data
+
+    def put(self, key: Hashable, data: TaskData) -> None:
+        with self.lock:
+            if self.max_entries <= 0:
+                return
+            self._entries[key] = data
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self.lock:
+            self._entries.clear()
+
+    def resize(self, max_entries: int) -> None:
+        with self.lock:
+            self.max_entries = max_entries
+            while len(self._entries) > max(max_entries, 0):
+                self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_CACHE = _DataCache(max_entries=4)
+
+
+def clear_data_cache() -> None:
+    """Forget every cached dataset of this process."""
+    _CACHE.clear()
+
+
+def set_data_cache_size(max_entries: int) -> None:
+    """Keep at most ``max_entries`` datasets cached (0 disables caching); default 4."""
+    if max_entries < 0:
+        raise ValidationError(f"data cache size must be >= 0, got {max_entries}")
+    _CACHE.resize(max_entries)
+
+
+def derive_seed(seed: int, *stream: int) -> int:
+    """An independent 32-bit seed for sub-stream ``stream`` of ``seed`` (e.g. one per split)."""
+    return int(np.random.SeedSequence([seed, *stream]).generate_state(1)[0])
+
+
+# --------------------------------------------------------------------------------------------
+# the base class of concrete tasks
+
+
+class BaseTask(ABC, Generic[OptionsT]):
+    """Implements :class:`Task` around two hooks: ``_load(opts, data_seed)`` and ``_build(opts)``.
+
+    Subclasses set the class attributes and ``options_model`` (a :class:`TaskOptions` subclass).
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    default_epochs: ClassVar[int]
+    default_base_batch_size: ClassVar[int]
+    default_base_lr: ClassVar[float]
+    default_optimizer: ClassVar[OptimizerDefaults] = OptimizerDefaults()
+    options_model: type[OptionsT]
+
+    def parse(self, options: Mapping[str, Any] | None) -> OptionsT:
+        """The validated options model (``ValidationError`` naming a bad option)."""
+        return parse_options(self.name, self.options_model, options)
+
+    def validate_options(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
+        dumped: dict[str, Any] = self.parse(options).model_dump(mode="json")
+        return dumped
+
+    def load_data(self, options: Mapping[str, Any] | None, seed: int) -> TaskData:
+        opts = self.parse(options)
+        data_seed = opts.data_seed if opts.data_seed is not None else int(seed)
+        key = (
+            type(self).__module__,
+            type(self).__qualname__,
+            self.name,
+            json.dumps(opts.model_dump(mode="json"), sort_keys=True),
+            data_seed,
+            self._fingerprint(opts),
+        )
+        with _CACHE.lock:
+            cached = _CACHE.get(key)
+            if cached is not None:
+                return cached
+            data = self._load(opts, data_seed)
+            _CACHE.put(key, data)
+            return data
+
+    def build_model(self, options: Mapping[str, Any] | None) -> nn.Module:
+        return self._build(self.parse(options))
+
+    def augment_batch(
+        self, x: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        return x
+
+    def _fingerprint(self, opts: OptionsT) -> Hashable:
+        """Extra cache-key part, e.g. the stats of files the data is read from."""
+        return ()
+
+    @abstractmethod
+    def _load(self, opts: OptionsT, data_seed: int) -> TaskData: ...
+
+    @abstractmethod
+    def _build(self, opts: OptionsT) -> nn.Module: ...
+
+    def __repr__(self) -> str:
+        return f"<task {self.name!r} ({type(self).__qualname__})>"
+
+
+# --------------------------------------------------------------------------------------------
+# evaluation (classification with cross-entropy, for every built-in task)
+
+
+def _model_device(model: nn.Module) -> torch.device | None:
+    for param in model.parameters():
+        return param.device
+    for buffer in model.buffers():
+        return buffer.device
+    return None
+
+
+def evaluate_totals(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
+) -> tuple[float, int, int]:
+    """``(summed cross-entropy, correct predictions, samples)`` over ``(x, y)``.
+
+    Sums rather than means so that data-parallel workers can all-reduce their shards' totals.
+    The model is run in eval mode without gradients and put back in its previous mode; batches
+    move to the model's device when they are elsewhere.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} rows but y {y.shape[0]}")
+    device = _model_device(model)
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    try:
+        with torch.no_grad():
+            for start in range(0, x.shape[0], batch_size):
+                xb = x[start : start + batch_size]
+                yb = y[start : start + batch_size]
+                if device is not None and xb.device != device:
+                    xb = xb.to(device, non_blocking=True)
+                    yb = yb.to(device, non_blocking=True)
+                logits = model(xb).float()
+                loss_sum += nn.functional.cross_entropy(logits, yb, reduction="sum").double()
+                correct += (logits.argmax(dim=1) == yb).sum()
+    finally:
+        model.train(was_training)
+    return float(loss_sum.item()), int(correct.item()), int(x.shape[0])
+
+
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
+) -> tuple[float, float]:
+    """``(mean cross-entropy, accuracy)`` of ``model`` on ``(x, y)``; ``(nan, nan)`` if empty."""
+    loss_sum, correct, count = evaluate_totals(model, x, y, batch_size)
+    if count == 0:
+        return float("nan"), float("nan")
+    return loss_sum / count, correct / count
