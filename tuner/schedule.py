@@ -876,10 +876,16 @@ class Schedule:
         return cls._from_document(data, yaml_numbers=False)
 
     def to_yaml(self) -> str:
-        """The YAML document (floats written with full repr precision)."""
-        return yaml.safe_dump(
-            self.to_dict(), sort_keys=False, default_flow_style=False, allow_unicode=True
-        )
+        """The YAML document (floats written with full repr precision).
+
+        Text is written as UTF-8 where PyYAML reads it back unchanged; otherwise (rare
+        characters such as U+0085 in provenance strings) non-ASCII characters are escaped.
+        """
+        document = self.to_dict()
+        text = _safe_dump(document, allow_unicode=True)
+        if _reads_back(text, document):
+            return text
+        return _safe_dump(document, allow_unicode=False)
 
     @classmethod
     def from_yaml(cls, text: str) -> Schedule:
@@ -941,6 +947,20 @@ class Schedule:
             except ScheduleError as exc:
                 problems.extend(exc.problems)
         raise ScheduleError(problems)
+
+
+def _safe_dump(document: Mapping[str, Any], *, allow_unicode: bool) -> str:
+    return yaml.safe_dump(
+        document, sort_keys=False, default_flow_style=False, allow_unicode=allow_unicode
+    )
+
+
+def _reads_back(text: str, document: Mapping[str, Any]) -> bool:
+    try:
+        text.encode("utf-8")
+        return bool(yaml.safe_load(text) == document)
+    except (UnicodeEncodeError, yaml.YAMLError):
+        return False
 
 
 def _decay_end_lr(st: Stage, peak: float) -> float:

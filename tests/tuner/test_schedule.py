@@ -615,6 +615,12 @@ def test_yaml_round_trip_keeps_float_precision() -> None:
     assert Schedule.from_yaml(text) == s
 
 
+@pytest.mark.parametrize("text", ["é ü", "line\u0085break", "\ud800", "😀"])
+def test_yaml_round_trip_of_unusual_provenance_text(text: str) -> None:
+    s = three_stage(provenance={"note": text, text: [text]})
+    assert Schedule.from_yaml(s.to_yaml()) == s
+
+
 def test_dump_and_load(tmp_path: Path) -> None:
     s = three_stage(provenance={"task": "digits"})
     path = tmp_path / "s.yaml"
