@@ -650,8 +650,13 @@ class Schedule:
             )
 
     def _check_epoch(self, epoch: float, *, allow_end: bool) -> float:
+        total = self.stages[-1].end_epoch
+        # fast path for the common case: a plain number inside the schedule
+        if (type(epoch) is float or type(epoch) is int) and (
+            0 <= epoch < total or (allow_end and epoch == total)
+        ):
+            return epoch
         value = _to_float(epoch)
-        total = self.total_epochs
         if value is None or math.isnan(value):
             raise ScheduleError(f"epoch must be a number, got {_show(epoch)}")
         if value < 0 or value > total or (value == total and not allow_end):

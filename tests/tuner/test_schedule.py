@@ -576,7 +576,20 @@ def test_example_file_loads() -> None:
     assert s.provenance["task"] == "cifar10"
     assert s.peak_lr(2) == pytest.approx(1.6)
     assert Schedule.from_yaml(s.to_yaml()) == s
-    place(s, s.placement.world_size, s.placement.micro_batch)
+    # the numbers quoted in docs/schedule-format.md
+    assert s.lr_at(31.0) == pytest.approx(0.95)
+    assert s.lr_at(21.0) == pytest.approx(0.3)
+    assert s.lr_at(45) == pytest.approx(0.016)
+    assert s.total_steps(50_000) == 1540
+    placements = place(s, s.placement.world_size, s.placement.micro_batch)
+    assert placements[2].placement.accumulation_steps == 4
+
+
+def test_format_doc_embeds_the_example_verbatim() -> None:
+    text = (EXAMPLE.parents[1] / "docs" / "schedule-format.md").read_text()
+    section = text.split("## Complete example", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert block == EXAMPLE.read_text()
 
 
 def test_dict_round_trip_through_json() -> None:
