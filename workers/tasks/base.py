@@ -154,13 +154,32 @@ OptionsT = TypeVar("OptionsT", bound=TaskOptions)
 class Task(Protocol):
     """A registered training workload. Subclass :class:`BaseTask` to implement one."""
 
-    name: str
-    description: str
-    default_epochs: int
-    default_base_batch_size: int
-    default_base_lr: float
-    default_optimizer: OptimizerDefaults
-    options_model: type[BaseModel]
+    @property
+    def name(self) -> str:
+        """The registry name (what studies and the API refer to)."""
+        ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def default_epochs(self) -> int: ...
+
+    @property
+    def default_base_batch_size(self) -> int: ...
+
+    @property
+    def default_base_lr(self) -> float:
+        """LR at ``default_base_batch_size`` with ``default_optimizer``."""
+        ...
+
+    @property
+    def default_optimizer(self) -> OptimizerDefaults: ...
+
+    @property
+    def options_model(self) -> type[BaseModel]:
+        """Pydantic model of the task's options (defaults, bounds, ``extra="forbid"``)."""
+        ...
 
     def validate_options(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
         """The options with defaults filled in (JSON-compatible); ``ValidationError`` if bad."""

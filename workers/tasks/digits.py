@@ -1,6 +1,6 @@
 """``digits``: scikit-learn's 8x8 handwritten digits (1,797 images, shipped with the package).
 
-Split deterministically (stratified, by ``data_seed``) into 1,077 train / 360 val / 360 test
+Split deterministically (stratified, by ``data_seed``) into 1,079 train / 359 val / 359 test
 samples, standardised per pixel with the training split's mean and std; inputs are ``(N, 64)``
 float32. A small MLP learns it to > 0.95 validation accuracy in a few seconds on one core.
 """
@@ -31,8 +31,8 @@ class DigitsOptions(TaskOptions):
 class DigitsTask(BaseTask[DigitsOptions]):
     name = "digits"
     description = (
-        "scikit-learn's 8x8 handwritten digits (64 features, 10 classes): 1,077 train / 360 val "
-        "/ 360 test samples; an MLP (one hidden layer of 128 by default, 9,610 parameters)."
+        "scikit-learn's 8x8 handwritten digits (64 features, 10 classes): 1,079 train / 359 val "
+        "/ 359 test samples; an MLP (one hidden layer of 128 by default, 9,610 parameters)."
     )
     default_epochs = 15
     default_base_batch_size = 32

@@ -76,7 +76,7 @@ class Mnist1dTask(BaseTask[Mnist1dOptions]):
     name = "mnist1d"
     description = (
         "MNIST-1D (generated locally, 40-step 1-D signals, 10 classes): 5,000 train / 2,000 val "
-        "/ 8,000 test samples by default; a 4-layer Conv1d + BatchNorm net (26k parameters)."
+        "/ 8,000 test samples by default; a 4-layer Conv1d + BatchNorm net (23k parameters)."
     )
     default_epochs = 30
     default_base_batch_size = 32
