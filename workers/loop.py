@@ -1,0 +1,866 @@
+"""The per-worker data-parallel training loop of one trial.
+
+Every rank of a :class:`workers.gang.Gang` holds one :class:`TrialWorker`. The gang keeps the
+processes and the ``torch.distributed`` process group; :meth:`TrialWorker.configure` starts a
+trial in them (model, optimizer, RNGs from the trial's seed; task data from the in-process
+cache) and :meth:`TrialWorker.train_epoch` trains one epoch of the trial's schedule.
+
+How one epoch runs, on every rank:
+
+* The epoch's stage gives the global batch ``B``; the epoch has
+  ``Schedule.steps_per_epoch(stage, N, drop_last)`` optimizer steps.
+* Every rank draws the same permutation of the ``N`` training indices from
+  ``(trial seed, epoch)``. Optimizer step ``k`` uses the global batch
+  ``perm[k*B:(k+1)*B]``; rank ``r`` takes its contiguous slice, of length
+  ``local_batches[r]`` from :func:`tuner.schedule.place_batch` (equal shares, or shares
+  proportional to measured throughput with ``performance_aware``), and runs it as
+  ``accumulation_steps`` micro-batches of at most ``micro_batch`` samples.
+* The loss of a micro-batch is the *sum* of its per-sample losses divided by ``B``; gradients
+  accumulate in one flat buffer (the parameters' ``.grad`` are views of it) that is
+  all-reduced with SUM once per step, so whatever the split the synchronized gradient is
+  exactly the mean gradient over the global batch. The same all-reduce carries a few scalars
+  (loss, local squared gradient norm, ...): one collective per optimizer step.
+* The LR of step ``k`` is ``Schedule.lr_at(epoch + k / steps)`` (warm-up and decay included),
+  set before every optimizer step.
+* BatchNorm normalises with *local* (per-rank micro-batch) statistics; the running statistics
+  are averaged across ranks before each evaluation, so every rank holds the same model.
+* At the epoch's end the validation split is evaluated sharded over the ranks and the totals
+  all-reduced.
+
+Failure handling: a non-finite loss or gradient stops the trial as diverged (the offending
+step is not applied, so the model and the metrics so far stay finite); a
+``torch.OutOfMemoryError`` on any rank makes every rank drop that step and retry it with half
+the micro-batch (more accumulation) until micro-batch 1, then :class:`TrialOOMError`.
+
+On CUDA the forward pass runs under bf16 autocast and 4-D inputs use channels-last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from tuner.errors import StagetuneError, ValidationError
+from tuner.schedule import BatchPlacement, PlacementError, Schedule, place, place_batch
+from workers.gang import WorkerContext
+from workers.noise_scale import NoiseScaleEstimator
+from workers.tasks import Task, TaskData, evaluate_totals, get_task, register_task
+
+__all__ = [
+    "LARS",
+    "TrialOOMError",
+    "TrialSpec",
+    "TrialWorker",
+]
+
+#: Scalars that ride along in the gradient all-reduce.
+_EXTRA_SLOTS = 5  # loss, local |g|^2, 1/local batch, active ranks, OOM ranks
+
+
+class TrialOOMError(StagetuneError):
+    """A stage does not fit in device memory even with micro-batch 1."""
+
+
+# --------------------------------------------------------------------------------------------
+# trial config
+
+
+def _seed(*parts: int) -> int:
+    """An independent 63-bit seed for the stream ``parts`` (e.g. (seed, purpose, epoch))."""
+    state = np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(2)
+    return int((int(state[0]) << 31) ^ int(state[1]))
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """A parsed, validated trial config (see :meth:`from_config` for the keys)."""
+
+    schedule: Schedule
+    task: str
+    task_options: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    workers: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    micro_batch: int | None = None
+    performance_aware: bool = False
+    drop_last: bool = True
+    slowdown: Mapping[int, float] = field(default_factory=dict)
+    eval_batch_size: int = 1024
+    noise_scale_ema: float = 0.9
+    amp: bool = True
+    collective_timeout_s: float = 1800.0
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> TrialSpec:
+        """Parse a trial config; :class:`ValidationError` listing every bad key.
+
+        Keys: ``schedule`` (``Schedule.to_dict()``, required), ``task`` (name, required),
+        ``task_options`` ({}), ``seed`` (0), ``workers`` (1), ``cpus_per_worker`` (1.0),
+        ``gpus_per_worker`` (0.0), ``micro_batch`` (None: no limit), ``performance_aware``
+        (False), ``drop_last`` (True), ``slowdown`` ({rank: factor >= 1}, debug: that rank
+        sleeps ``factor - 1`` times its compute time), ``eval_batch_size`` (1024),
+        ``noise_scale_ema`` (0.9), ``amp`` (True: bf16 autocast on CUDA),
+        ``collective_timeout_s`` (1800). ``resources: {workers, cpus_per_worker,
+        gpus_per_worker}`` is accepted as an alternative spelling of those three keys (the
+        flat keys win). Other keys are ignored (the engine may carry bookkeeping).
+        """
+        if not isinstance(config, Mapping):
+            raise ValidationError(f"a trial config must be a mapping, got {type(config).__name__}")
+        merged: dict[str, Any] = {}
+        resources = config.get("resources")
+        if isinstance(resources, Mapping):
+            merged.update(
+                {
+                    k: resources[k]
+                    for k in ("workers", "cpus_per_worker", "gpus_per_worker")
+                    if k in resources
+                }
+            )
+        merged.update(config)
+        problems: list[str] = []
+        schedule: Schedule | None = None
+        raw_schedule = merged.get("schedule")
+        if isinstance(raw_schedule, Schedule):
+            schedule = raw_schedule
+        elif raw_schedule is None:
+            problems.append("'schedule' is required (a Schedule.to_dict() mapping)")
+        else:
+            try:
+                schedule = Schedule.from_dict(raw_schedule)
+            except ValidationError as exc:
+                problems.append(f"schedule: {exc}")
+        task = merged.get("task")
+        if not isinstance(task, str) or not task:
+            problems.append(f"'task' must be a task name, got {task!r}")
+        options = merged.get("task_options") or {}
+        if not isinstance(options, Mapping):
+            problems.append(f"'task_options' must be a mapping, got {type(options).__name__}")
+            options = {}
+
+        def integer(key: str, default: int | None, low: int) -> int | None:
+            value = merged.get(key, default)
+            if value is None and default is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                problems.append(f"'{key}' must be an integer >= {low}, got {value!r}")
+                return default
+            return int(value)
+
+        def number(key: str, default: float, low: float, *, strict: bool = False) -> float:
+            value = merged.get(key, default)
+            ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
+            if ok and math.isfinite(float(value)):
+                ok = float(value) > low if strict else float(value) >= low
+            else:
+                ok = False
+            if not ok:
+                rel = ">" if strict else ">="
+                problems.append(f"'{key}' must be a finite number {rel} {low}, got {value!r}")
+                return default
+            return float(value)
+
+        def flag(key: str, default: bool) -> bool:
+            value = merged.get(key, default)
+            if not isinstance(value, bool):
+                problems.append(f"'{key}' must be true or false, got {value!r}")
+                return default
+            return value
+
+        seed = integer("seed", 0, 0)
+        workers = integer("workers", 1, 1)
+        micro = integer("micro_batch", None, 1)
+        eval_bs = integer("eval_batch_size", 1024, 1)
+        cpus = number("cpus_per_worker", 1.0, 0.0, strict=True)
+        gpus = number("gpus_per_worker", 0.0, 0.0)
+        ema = number("noise_scale_ema", 0.9, 0.0)
+        if ema >= 1.0:
+            problems.append(f"'noise_scale_ema' must be in [0, 1), got {ema}")
+        timeout = number("collective_timeout_s", 1800.0, 0.0, strict=True)
+        slowdown: dict[int, float] = {}
+        raw_slow = merged.get("slowdown") or {}
+        if not isinstance(raw_slow, Mapping):
+            problems.append(f"'slowdown' must map ranks to factors >= 1, got {raw_slow!r}")
+        else:
+            for key, factor in raw_slow.items():
+                try:
+                    rank = int(key)
+                except (TypeError, ValueError):
+                    problems.append(f"'slowdown' key {key!r} is not a rank")
+                    continue
+                if (
+                    isinstance(factor, bool)
+                    or not isinstance(factor, (int, float))
+                    or not math.isfinite(float(factor))
+                    or float(factor) < 1.0
+                ):
+                    problems.append(
+                        f"'slowdown' factor of rank {rank} must be >= 1, got {factor!r}"
+                    )
+                    continue
+                if workers is not None and not 0 <= rank < workers:
+                    problems.append(
+                        f"'slowdown' names rank {rank}, but there are {workers} workers"
+                    )
+                    continue
+                slowdown[rank] = float(factor)
+        if problems or schedule is None:
+            raise ValidationError("invalid trial config: " + "; ".join(problems))
+        return cls(
+            schedule=schedule,
+            task=str(task),
+            task_options=dict(options),
+            seed=int(seed or 0),
+            workers=int(workers or 1),
+            cpus_per_worker=cpus,
+            gpus_per_worker=gpus,
+            micro_batch=micro,
+            performance_aware=flag("performance_aware", False),
+            drop_last=flag("drop_last", True),
+            slowdown=slowdown,
+            eval_batch_size=int(eval_bs or 1024),
+            noise_scale_ema=ema,
+            amp=flag("amp", True),
+            collective_timeout_s=timeout,
+        )
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_to_cpu(v) for v in value)
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# LARS (You, Gitman, Ginsburg 2017)
+
+
+class LARS(torch.optim.Optimizer):
+    """SGD with momentum and layer-wise adaptive rate scaling.
+
+    For every parameter tensor with more than one dimension the step is scaled by the trust
+    ratio ``eta * |w| / (|g| + weight_decay * |w|)``; biases and normalisation parameters
+    (1-D) get plain momentum SGD. Weight decay is added to the gradient (coupled).
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        eta: float = 0.001,
+        eps: float = 1e-9,
+    ) -> None:
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "weight_decay": weight_decay,
+            "eta": eta,
+            "eps": eps,
+        }
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                if p.ndim > 1:
+                    w_norm = torch.linalg.vector_norm(p)
+                    g_norm = torch.linalg.vector_norm(grad)
+                    trust = torch.where(
+                        (w_norm > 0) & (g_norm > 0),
+                        group["eta"] * w_norm / (g_norm + wd * w_norm + group["eps"]),
+                        torch.ones_like(w_norm),
+                    )
+                    update = (grad + wd * p) * trust
+                else:
+                    update = grad + wd * p if wd else grad.clone()
+                state = self.state[p]
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    buf = state["momentum_buffer"] = update.detach().clone()
+                else:
+                    buf.mul_(mom).add_(update)
+                p.add_(buf, alpha=-lr)
+
+
+def _make_optimizer(schedule: Schedule, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    lr = schedule.lr_at(0.0)
+    if schedule.optimizer == "adamw":
+        return torch.optim.AdamW(
+            params, lr=lr, betas=(schedule.momentum, 0.999), weight_decay=schedule.weight_decay
+        )
+    if schedule.optimizer == "lars":
+        return LARS(params, lr=lr, momentum=schedule.momentum, weight_decay=schedule.weight_decay)
+    return torch.optim.SGD(
+        params, lr=lr, momentum=schedule.momentum, weight_decay=schedule.weight_decay
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the worker
+
+
+@dataclass
+class _StepOutcome:
+    oom: bool = False
+    finite: bool = True
+    loss: float = 0.0
+    grad_sq: float = 0.0
+
+
+class TrialWorker:
+    """One rank's trial state. Built by the gang once per process; configured per trial."""
+
+    def __init__(self, context: WorkerContext, tasks: Sequence[Task] = ()) -> None:
+        self.ctx = context
+        self.rank = context.rank
+        self.world_size = context.world_size
+        self.device = torch.device(context.device)
+        for task in tasks:
+            register_task(task, replace=True)
+        self._spec: TrialSpec | None = None
+        self._device_data: tuple[int, TaskData] | None = None  # (id of the CPU data, on device)
+
+    # ------------------------------------------------------------------ trial set-up
+
+    def configure(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Start a trial: data (cached), model, optimizer and RNGs from the trial's seed."""
+        started = time.perf_counter()
+        spec = TrialSpec.from_config(config)
+        if spec.workers != self.world_size:
+            raise ValidationError(
+                f"the trial wants {spec.workers} workers but this gang has {self.world_size}"
+            )
+        self._spec = None  # until fully configured
+        task = get_task(spec.task)
+        options = task.validate_options(spec.task_options)
+        data = self._load(task, options, spec.seed)
+        n = data.num_train
+        schedule = spec.schedule
+        schedule.stage_steps(n, drop_last=spec.drop_last)  # ScheduleError: batch > dataset
+        uneven = any(st.batch_size % self.world_size for st in schedule.stages)
+        place(
+            schedule,
+            self.world_size,
+            spec.micro_batch,
+            speed_weights=(1.0,) * self.world_size if uneven else None,
+        )  # PlacementError naming the stage that cannot be placed
+
+        torch.manual_seed(spec.seed)
+        model = task.build_model(options).to(self.device)
+        self._channels_last = self.device.type == "cuda" and data.train_x.dim() == 4
+        if self._channels_last:
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        model.train()
+        if self.world_size > 1:
+            with torch.no_grad():
+                for tensor in [*model.parameters(), *model.buffers()]:
+                    dist.broadcast(tensor.data, src=0)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValidationError(f"the model of task {spec.task!r} has no trainable parameters")
+        dtype = params[0].dtype
+        numel = sum(p.numel() for p in params)
+        self._flat = torch.zeros(numel + _EXTRA_SLOTS, dtype=dtype, device=self.device)
+        self._views: list[torch.Tensor] = []
+        offset = 0
+        for p in params:
+            view = torch.as_strided(self._flat, p.shape, p.stride(), offset)
+            p.grad = view
+            self._views.append(view)
+            offset += p.numel()
+        self._params = params
+        self._num_params = numel
+        self._model = model
+        self._optimizer = _make_optimizer(schedule, params)
+        self._task = task
+        self._data = data
+        torch.manual_seed(_seed(spec.seed, 1, self.rank))  # dropout and other global draws
+        self._aug_generator = torch.Generator(device=self.device)
+        self._aug_generator.manual_seed(_seed(spec.seed, 2, self.rank))
+        self._noise = NoiseScaleEstimator(beta=spec.noise_scale_ema)
+        self._micro_batch = spec.micro_batch
+        self._oom_retries = 0
+        self._steps = 0
+        self._samples = 0
+        self._wall_time = 0.0
+        self._diverged = False
+        self._placements: dict[tuple[int, int | None, tuple[float, ...] | None], BatchPlacement]
+        self._placements = {}
+        self._speed: float | None = None
+        self._spec = spec
+        if spec.performance_aware and self.world_size > 1:
+            self._speed = self._calibrate()
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "num_train": n,
+            "num_val": data.num_val,
+            "parameters": numel,
+            "configure_s": time.perf_counter() - started,
+        }
+
+    def _load(self, task: Task, options: Mapping[str, Any], seed: int) -> TaskData:
+        cpu = task.load_data(options, seed)  # cached in-process by the task registry
+        if self.device.type == "cpu":
+            return cpu
+        if self._device_data is not None and self._device_data[0] == id(cpu):
+            return self._device_data[1]
+        self._device_data = None
+        moved = cpu.to(self.device)
+        self._device_data = (id(cpu), moved)
+        return moved
+
+    def _require(self) -> TrialSpec:
+        if self._spec is None:
+            raise StagetuneError("no trial is configured on this worker; call configure() first")
+        return self._spec
+
+    # ------------------------------------------------------------------ one epoch
+
+    def train_epoch(self, epoch: int) -> dict[str, Any]:
+        """Train epoch ``epoch`` of the schedule and evaluate; this rank's view of the epoch."""
+        spec = self._require()
+        schedule = spec.schedule
+        if not 0 <= epoch < schedule.total_epochs:
+            raise ValidationError(
+                f"epoch {epoch} is outside the schedule's epochs 0-{schedule.total_epochs - 1}"
+            )
+        if self._diverged:
+            raise StagetuneError("the trial diverged; configure a new trial first")
+        started = time.perf_counter()
+        stage_index = schedule.stage_index_at(epoch)
+        batch = schedule.stages[stage_index].batch_size
+        n = self._data.num_train
+        steps = schedule.steps_per_epoch(stage_index, n, drop_last=spec.drop_last)
+        perm = self._permutation(epoch)
+        weights = self._exchange_speed() if spec.performance_aware and self.world_size > 1 else None
+        compute_s = 0.0
+        local_samples = 0
+        loss_sum = 0.0
+        applied = 0
+        epoch_samples = 0
+        last_lr = schedule.lr_at(float(epoch))
+        placement = self._placement(batch, weights)
+        k = 0
+        while k < steps:
+            lo = k * batch
+            idx = perm[lo : min(lo + batch, n)]
+            b = int(idx.numel())
+            placement = self._placement(b, weights)
+            lr = schedule.lr_at(epoch + k / steps)
+            outcome = self._train_step(idx, placement, lr)
+            compute_s += self._last_compute_s
+            if outcome.oom:
+                self._shrink_micro_batch(placement, stage_index)
+                continue
+            if not outcome.finite:
+                self._diverged = True
+                break
+            local_samples += placement.local_batches[self.rank]
+            loss_sum += outcome.loss
+            applied += 1
+            epoch_samples += b
+            last_lr = lr
+            k += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        epoch_time = time.perf_counter() - started
+        self._steps += applied
+        self._samples += epoch_samples
+        self._wall_time += epoch_time
+        if compute_s > 0 and local_samples > 0:
+            self._speed = local_samples / compute_s
+
+        eval_started = time.perf_counter()
+        val_loss, val_acc = self._evaluate()
+        eval_time = time.perf_counter() - eval_started
+        if val_loss is None:
+            self._diverged = True
+        return {
+            "epoch": epoch,
+            "stage": stage_index,
+            "batch_size": batch,
+            "lr": last_lr,
+            "steps": self._steps,
+            "samples": self._samples,
+            "steps_in_epoch": applied,
+            "train_loss": loss_sum / applied if applied else None,
+            "val_loss": val_loss,
+            "val_accuracy": val_acc,
+            "epoch_time_s": epoch_time,
+            "eval_time_s": eval_time,
+            "samples_per_s": epoch_samples / epoch_time if epoch_time > 0 else 0.0,
+            "wall_time_s": self._wall_time,
+            "noise_scale": self._noise.value,
+            "diverged": self._diverged,
+            "accumulation_steps": placement.accumulation_steps,
+            "local_batches": list(placement.local_batches),
+            "micro_batch": self._micro_batch,
+            "oom_retries": self._oom_retries,
+            "speed_weights": list(weights) if weights is not None else None,
+            "compute_time_s": compute_s,
+            "rank": self.rank,
+            "pid": os.getpid(),
+        }
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        spec = self._require()
+        generator = torch.Generator().manual_seed(_seed(spec.seed, 0, epoch))
+        perm = torch.randperm(self._data.num_train, generator=generator)
+        return perm.to(self.device)
+
+    def _placement(self, batch: int, weights: tuple[float, ...] | None) -> BatchPlacement:
+        key = (batch, self._micro_batch, weights)
+        cached = self._placements.get(key)
+        if cached is not None:
+            return cached
+        placement: BatchPlacement | None = None
+        if weights is not None:
+            try:
+                placement = place_batch(batch, self.world_size, self._micro_batch, weights)
+            except PlacementError:
+                placement = None  # a share would be empty: fall back to the even split
+        if placement is None:
+            even = None if batch % self.world_size == 0 else (1.0,) * self.world_size
+            placement = place_batch(batch, self.world_size, self._micro_batch, even)
+        self._placements[key] = placement
+        return placement
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        spec = self._require()
+        if self.device.type == "cuda" and spec.amp:
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _forward_backward(self, indices: torch.Tensor, global_batch: int) -> torch.Tensor:
+        spec = self._require()
+        x = self._data.train_x[indices]
+        y = self._data.train_y[indices]
+        x = self._task.augment_batch(x, self._aug_generator)
+        if self._channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with self._autocast():
+            logits = self._model(x)
+        if logits.dtype in (torch.bfloat16, torch.float16):
+            logits = logits.float()
+        loss = F.cross_entropy(
+            logits, y, reduction="sum", label_smoothing=spec.schedule.label_smoothing
+        ) / float(global_batch)
+        torch.autograd.backward(loss)
+        return loss.detach()
+
+    def _accumulate(
+        self, indices: torch.Tensor, placement: BatchPlacement
+    ) -> tuple[torch.Tensor, bool, float, float, int]:
+        """Forward/backward of this rank's micro-batches into the flat gradient buffer.
+
+        Returns (summed loss, OOM?, micro-batch sum of |g_micro|^2, sum of 1/micro, count);
+        the micro-batch norms are only measured with one worker and accumulation.
+        """
+        flat = self._flat
+        p = self._num_params
+        b = placement.global_batch
+        start = sum(placement.local_batches[: self.rank])
+        mine = indices[start : start + placement.local_batches[self.rank]]
+        loss = torch.zeros((), dtype=flat.dtype, device=self.device)
+        track = self.world_size == 1 and placement.accumulation_steps > 1
+        prev: torch.Tensor | None = None
+        micro_sq = micro_inv = 0.0
+        count = 0
+        pos = 0
+        for m in placement.micro_batches[self.rank]:
+            if m == 0:
+                continue
+            part = mine[pos : pos + m]
+            pos += m
+            try:
+                loss += self._forward_backward(part, b)
+            except torch.OutOfMemoryError:
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                return loss, True, 0.0, 0.0, 0
+            if track:
+                grad = flat[:p]
+                diff = grad if prev is None else grad - prev
+                micro_sq += float(diff.double().square().sum()) * (b / m) ** 2
+                micro_inv += 1.0 / m
+                count += 1
+                prev = grad.clone()
+        return loss, False, micro_sq, micro_inv, count
+
+    def _train_step(
+        self, indices: torch.Tensor, placement: BatchPlacement, lr: float
+    ) -> _StepOutcome:
+        spec = self._require()
+        flat = self._flat
+        p = self._num_params
+        b = placement.global_batch
+        local = placement.local_batches[self.rank]
+        flat.zero_()
+        t0 = time.perf_counter()
+        loss, oom, micro_sq, micro_inv, micro_count = self._accumulate(indices, placement)
+        self._restore_grad_views()
+        if self.device.type == "cuda" and (spec.performance_aware or spec.slowdown):
+            torch.cuda.synchronize(self.device)
+        compute = time.perf_counter() - t0
+        factor = spec.slowdown.get(self.rank, 1.0)
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * compute)
+            compute = time.perf_counter() - t0
+        self._last_compute_s = compute
+
+        with torch.no_grad():
+            local_sq = flat[:p].square().sum() * (b / local) ** 2 if local else flat.new_zeros(())
+            flat[p] = loss
+            flat[p + 1] = local_sq
+            flat[p + 2] = 1.0 / local if local else 0.0
+            flat[p + 3] = 1.0 if local else 0.0
+            flat[p + 4] = 1.0 if oom else 0.0
+        if self.world_size > 1:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        with torch.no_grad():
+            big_sq = flat[:p].square().sum()
+            stats = torch.cat([flat[p:], big_sq.reshape(1)]).tolist()
+        g_loss, small_sum, inv_sum, active, oom_ranks, big = stats
+        if oom_ranks > 0:
+            flat.zero_()
+            return _StepOutcome(oom=True)
+        if not (math.isfinite(g_loss) and math.isfinite(big)):
+            flat.zero_()
+            return _StepOutcome(finite=False, loss=g_loss)
+        for group in self._optimizer.param_groups:
+            group["lr"] = lr
+        self._optimizer.step()
+        if self.world_size > 1 and active >= 2:
+            self._noise.update(small_sum / active, inv_sum / active, big, 1.0 / b)
+        elif micro_count >= 2:
+            self._noise.update(micro_sq / micro_count, micro_inv / micro_count, big, 1.0 / b)
+        return _StepOutcome(loss=g_loss, grad_sq=big)
+
+    def _restore_grad_views(self) -> None:
+        # Autograd accumulates into an existing .grad in place; if anything replaced a .grad
+        # (an optimizer's zero_grad(set_to_none), a custom hook), copy it back into the buffer.
+        for param, view in zip(self._params, self._views, strict=True):
+            if param.grad is not view:
+                if param.grad is not None:
+                    view.copy_(param.grad)
+                param.grad = view
+
+    def _shrink_micro_batch(self, placement: BatchPlacement, stage_index: int) -> None:
+        current = placement.max_micro_batch
+        if current <= 1:
+            raise TrialOOMError(
+                f"out of memory at global batch {placement.global_batch} (stage "
+                f"{stage_index + 1}) even with micro-batch 1 after {self._oom_retries} retries; "
+                "use a smaller batch or more workers"
+            )
+        new = max(1, current // 2)
+        try:
+            even = placement.global_batch % self.world_size == 0
+            place_batch(
+                placement.global_batch,
+                self.world_size,
+                new,
+                None if even else (1.0,) * self.world_size,
+            )
+        except PlacementError as exc:
+            raise TrialOOMError(
+                f"out of memory at global batch {placement.global_batch} (stage "
+                f"{stage_index + 1}) with micro-batch {current}, and a smaller micro-batch "
+                f"cannot be placed: {exc}"
+            ) from exc
+        self._micro_batch = new
+        self._oom_retries += 1
+        self._placements.clear()
+
+    # ------------------------------------------------------------------ throughput
+
+    def _exchange_speed(self) -> tuple[float, ...]:
+        """Every rank's measured samples/s (all-reduced so that all ranks agree exactly)."""
+        speeds = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
+        speeds[self.rank] = self._speed if self._speed and self._speed > 0 else 1.0
+        dist.all_reduce(speeds, op=dist.ReduceOp.SUM)
+        values = [float(v) for v in speeds.tolist()]
+        top = max(values)
+        return tuple(v / top for v in values)
+
+    def _calibrate(self, repeats: int = 3) -> float:
+        """Samples/s of forward+backward on a copy of the model (the trial's state is untouched)."""
+        spec = self._require()
+        stage0 = spec.schedule.stages[0].batch_size
+        size = max(1, min(self._data.num_train, max(stage0 // self.world_size, 1), 256))
+        if self._micro_batch is not None:
+            size = min(size, self._micro_batch)
+        model = copy.deepcopy(self._model)
+        x = self._data.train_x[:size]
+        y = self._data.train_y[:size]
+        if self._channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        factor = spec.slowdown.get(self.rank, 1.0)
+
+        def once() -> None:
+            with self._autocast():
+                logits = model(x)
+            torch.autograd.backward(F.cross_entropy(logits.float(), y, reduction="sum"))
+
+        try:
+            once()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                once()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            elapsed = time.perf_counter() - t0
+        except torch.OutOfMemoryError:
+            return 1.0
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * elapsed)
+            elapsed *= factor
+        return repeats * size / max(elapsed, 1e-9)
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _sync_buffers(self) -> None:
+        if self.world_size == 1:
+            return
+        with torch.no_grad():
+            for buf in self._model.buffers():
+                if buf.is_floating_point():
+                    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+                    buf.div_(self.world_size)
+
+    def _evaluate(self) -> tuple[float | None, float]:
+        """Sharded validation: ``(mean cross-entropy or None if not finite, accuracy)``."""
+        spec = self._require()
+        self._sync_buffers()
+        nv = self._data.num_val
+        lo = self.rank * nv // self.world_size
+        hi = (self.rank + 1) * nv // self.world_size
+        x = self._data.val_x[lo:hi]
+        y = self._data.val_y[lo:hi]
+        batch = spec.eval_batch_size
+        while True:
+            try:
+                with self._autocast():
+                    loss_sum, correct, count = evaluate_totals(self._model, x, y, batch)
+                break
+            except torch.OutOfMemoryError:
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                if batch == 1:
+                    raise
+                batch = max(1, batch // 2)
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=self.device)
+        if self.world_size > 1:
+            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+        loss_total, correct_total, count_total = totals.tolist()
+        if count_total <= 0:
+            return None, 0.0
+        mean_loss = loss_total / count_total
+        return (mean_loss if math.isfinite(mean_loss) else None), correct_total / count_total
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state(self) -> dict[str, Any]:
+        """This rank's trial state (CPU tensors): model and optimizer from rank 0 only (every
+        rank holds the same ones after an epoch), RNGs and counters from every rank."""
+        self._require()
+        out: dict[str, Any] = {
+            "rank": self.rank,
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device)
+            if self.device.type == "cuda"
+            else None,
+            "aug_rng": self._aug_generator.get_state(),
+            "noise": self._noise.get_state(),
+            "steps": self._steps,
+            "samples": self._samples,
+            "wall_time": self._wall_time,
+            "micro_batch": self._micro_batch,
+            "oom_retries": self._oom_retries,
+            "speed": self._speed,
+            "diverged": self._diverged,
+        }
+        if self.rank == 0:
+            out["model"] = _to_cpu(self._model.state_dict())
+            out["optimizer"] = _to_cpu(self._optimizer.state_dict())
+        return out
+
+    def load_state(self, state: Mapping[str, Any], shared: Mapping[str, Any]) -> None:
+        """Restore :meth:`state` (``shared``: rank 0's state with model and optimizer) into
+        the configured trial."""
+        self._require()
+        with torch.no_grad():
+            self._model.load_state_dict(shared["model"])
+        self._optimizer.load_state_dict(shared["optimizer"])
+        self._restore_grad_views()
+        torch.set_rng_state(state["rng"])
+        if state.get("cuda_rng") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+        self._aug_generator.set_state(state["aug_rng"])
+        self._noise.set_state(state["noise"])
+        self._steps = int(state["steps"])
+        self._samples = int(state["samples"])
+        self._wall_time = float(state["wall_time"])
+        self._micro_batch = state["micro_batch"]
+        self._oom_retries = int(state["oom_retries"])
+        self._speed = state["speed"]
+        self._diverged = bool(state["diverged"])
+        self._placements.clear()
+
+    # ------------------------------------------------------------------ test and bench hooks
+
+    def synchronized_gradient(
+        self,
+        indices: Sequence[int],
+        speed_weights: Sequence[float] | None = None,
+        micro_batch: int | None = None,
+    ) -> list[float]:
+        """The all-reduced gradient of the trial's current model on the global batch
+        ``indices`` (placed like a training step, optionally unevenly); nothing is updated."""
+        self._require()
+        idx = torch.as_tensor(list(indices), dtype=torch.int64, device=self.device)
+        weights = tuple(float(w) for w in speed_weights) if speed_weights is not None else None
+        placement = place_batch(int(idx.numel()), self.world_size, micro_batch, weights)
+        self._flat.zero_()
+        _, oom, _, _, _ = self._accumulate(idx, placement)
+        if oom:
+            raise TrialOOMError("out of memory while computing a gradient")
+        self._restore_grad_views()
+        if self.world_size > 1:
+            dist.all_reduce(self._flat, op=dist.ReduceOp.SUM)
+        grad = self._flat[: self._num_params].detach().cpu().tolist()
+        self._flat.zero_()
+        return [float(g) for g in grad]
+
+    def parameters_digest(self) -> list[float]:
+        """The model's parameters, flattened (to compare ranks and runs in tests)."""
+        self._require()
+        return [float(v) for v in torch.cat([p.detach().reshape(-1) for p in self._params])]

@@ -1,0 +1,245 @@
+"""The Ray Tune class trainable of stagetune: one ``step()`` trains one epoch of a schedule.
+
+Process layout of one trial (``workers = N``)::
+
+    Tune trial placement group (PACK):  [{"CPU": 0} head] + N x {"CPU": c, "GPU": g}
+      ScheduleTrainable actor           head: no resources (it only coordinates)
+      gang rank r (Ray actor, r < N)    worker bundle r: trains, gloo/NCCL process group
+
+``default_resource_request(config)`` returns that :class:`PlacementGroupFactory`, so a
+2-worker CPU trial needs exactly 2 CPUs. The gang (:class:`workers.gang.Gang`) is created in
+the trial's placement group and survives ``reset_config()``: with
+``TuneConfig(reuse_actors=True)`` the next trial with the same resources reuses the actor, its
+worker processes, their process group and their cached task data, and only re-initialises
+model, optimizer and RNGs from the new trial's seed. Results do not depend on what ran before.
+
+Failure behaviour: a diverged trial reports ``diverged: True`` and ``done: True`` with its
+metrics so far; a stage that does not fit in memory is retried with more accumulation and
+fails with :class:`workers.loop.TrialOOMError` only at micro-batch 1; a worker that dies makes
+``step()`` raise :class:`workers.gang.WorkerDiedError` (the trial fails with that reason, and
+the next trial, or ``reset_config()``, gets fresh workers).
+
+Outside Tune the class works as a plain object (``ScheduleTrainable(config)``; ``train()``;
+``stop()``): the gang then reserves its own placement group.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from ray import tune
+from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+from tuner.errors import StagetuneError, ValidationError
+from workers.gang import Gang, GangError
+from workers.loop import TrialSpec, TrialWorker
+from workers.tasks import Task
+
+__all__ = ["EXTRA_KEYS", "METRIC_KEYS", "ScheduleTrainable", "resource_request"]
+
+#: Keys of every per-epoch result (besides Tune's own auto-filled keys).
+METRIC_KEYS: tuple[str, ...] = (
+    "epoch",
+    "stage",
+    "val_accuracy",
+    "val_loss",
+    "train_loss",
+    "epoch_time_s",
+    "samples_per_s",
+    "steps",
+    "samples",
+    "batch_size",
+    "lr",
+    "noise_scale",
+    "diverged",
+    "wall_time_s",
+)
+
+#: Further per-epoch keys (diagnostics).
+EXTRA_KEYS: tuple[str, ...] = (
+    "steps_in_epoch",
+    "eval_time_s",
+    "accumulation_steps",
+    "micro_batch",
+    "oom_retries",
+    "local_batches",
+    "speed_weights",
+)
+
+
+def _resources(config: Mapping[str, Any]) -> tuple[int, float, float]:
+    merged: dict[str, Any] = {}
+    resources = config.get("resources")
+    if isinstance(resources, Mapping):
+        merged.update(resources)
+    merged.update(config)
+    workers = merged.get("workers", 1)
+    cpus = merged.get("cpus_per_worker", 1.0)
+    gpus = merged.get("gpus_per_worker", 0.0)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValidationError(f"'workers' must be an integer >= 1, got {workers!r}")
+    for key, value in (("cpus_per_worker", cpus), ("gpus_per_worker", gpus)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValidationError(f"'{key}' must be a number >= 0, got {value!r}")
+    if cpus <= 0:
+        raise ValidationError(f"'cpus_per_worker' must be > 0, got {cpus!r}")
+    return int(workers), float(cpus), float(gpus)
+
+
+def resource_request(config: Mapping[str, Any]) -> PlacementGroupFactory:
+    """The trial's placement group: an empty head bundle for the trainable, then one bundle
+    ``{"CPU": cpus_per_worker, "GPU": gpus_per_worker}`` per data-parallel worker (PACK)."""
+    workers, cpus, gpus = _resources(config)
+    bundle: dict[str, float] = {"CPU": cpus}
+    if gpus > 0:
+        bundle["GPU"] = gpus
+    head: dict[str, float] = {"CPU": 0.0}  # no resources: Tune drops it from the group
+    return PlacementGroupFactory([head] + [dict(bundle) for _ in range(workers)])
+
+
+class ScheduleTrainable(tune.Trainable):
+    """Trains one schedule; ``step()`` = one epoch. Config keys: see :class:`TrialSpec`."""
+
+    #: Tasks to register in the worker processes (tests, notebooks); subclasses set this.
+    extra_tasks: ClassVar[tuple[Task, ...]] = ()
+
+    @classmethod
+    def default_resource_request(cls, config: dict[str, Any]) -> PlacementGroupFactory:
+        return resource_request(config)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def setup(self, config: dict[str, Any]) -> None:
+        self._gang: Gang | None = None
+        self.gangs_created = 0
+        self._start_trial(config)
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        self._start_trial(new_config)
+        return True
+
+    def cleanup(self) -> None:
+        if self._gang is not None:
+            self._gang.shutdown()
+            self._gang = None
+
+    @property
+    def worker_pids(self) -> tuple[int, ...]:
+        return self._gang.pids if self._gang is not None else ()
+
+    def _start_trial(self, config: Mapping[str, Any]) -> None:
+        started = time.perf_counter()
+        spec = TrialSpec.from_config(config)
+        self._spec = spec
+        self._epoch = 0
+        self._finished = False
+        gang = self._gang
+        reusable = (
+            gang is not None
+            and gang.world_size == spec.workers
+            and gang.cpus_per_worker == spec.cpus_per_worker
+            and gang.gpus_per_worker == spec.gpus_per_worker
+            and gang.alive()
+        )
+        if not reusable:
+            if gang is not None:
+                gang.shutdown()
+            self._gang = None
+            self._gang = self._new_gang(spec)
+        assert self._gang is not None
+        self.worker_info: list[dict[str, Any]] = self._gang.call("configure", dict(config))
+        self.setup_time_s = time.perf_counter() - started
+
+    def _new_gang(self, spec: TrialSpec) -> Gang:
+        import ray
+
+        pg = None
+        offset = 0
+        # Under Tune the trial's placement group holds the workers' bundles; outside Tune
+        # (no trial info) the gang reserves its own.
+        resources = self.trial_resources if self._trial_info is not None else None
+        if resources is not None:
+            pg = ray.util.get_current_placement_group()
+            offset = 0 if resources.head_bundle_is_empty else 1
+            have = len(resources.bundles) - offset
+            if pg is not None and have < spec.workers:
+                raise ValidationError(
+                    f"the trial's placement group has {have} worker bundles but the trial "
+                    f"wants {spec.workers} workers; let ScheduleTrainable.default_resource_"
+                    "request size it (do not wrap it in tune.with_resources)"
+                )
+        gang = Gang(
+            spec.workers,
+            functools.partial(TrialWorker, tasks=self.extra_tasks),
+            cpus_per_worker=spec.cpus_per_worker,
+            gpus_per_worker=spec.gpus_per_worker,
+            placement_group=pg,
+            bundle_offset=offset,
+            collective_timeout_s=spec.collective_timeout_s,
+        )
+        self.gangs_created += 1
+        return gang
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
+        """The trial's full state (model, optimizer, RNGs, counters) as a dict Tune pickles.
+
+        Tune's default for class trainables is ``checkpoint_at_end=True``; an engine that keeps
+        only metrics can set ``CheckpointConfig(checkpoint_at_end=False)`` to skip it.
+        """
+        if self._gang is None:
+            raise GangError("no worker gang: the trainable was stopped")
+        states = self._gang.call("state")
+        return {
+            "version": 1,
+            "epoch": self._epoch,
+            "finished": self._finished,
+            "ranks": states,
+        }
+
+    def load_checkpoint(self, checkpoint: dict[str, Any] | None) -> None:
+        if self._gang is None:
+            raise GangError("no worker gang: the trainable was stopped")
+        if not checkpoint or checkpoint.get("version") != 1:
+            raise ValidationError("not a ScheduleTrainable checkpoint (version 1)")
+        states = checkpoint["ranks"]
+        if len(states) != self._gang.world_size:
+            raise ValidationError(
+                f"the checkpoint has {len(states)} workers, this trial {self._gang.world_size}"
+            )
+        shared = states[0]
+        self._gang.call_each("load_state", [((state, shared), {}) for state in states])
+        self._epoch = int(checkpoint["epoch"])
+        self._finished = bool(checkpoint["finished"])
+
+    # ------------------------------------------------------------------ one epoch
+
+    def step(self) -> dict[str, Any]:
+        if self._gang is None:
+            raise GangError("no worker gang: the trainable was stopped")
+        if self._finished:
+            raise StagetuneError("the trial has finished; start a new one with reset_config()")
+        started = time.perf_counter()
+        results = self._gang.call("train_epoch", self._epoch)
+        loop_time = time.perf_counter() - started
+        first = results[0]
+        metrics: dict[str, Any] = {key: first[key] for key in METRIC_KEYS}
+        for key in EXTRA_KEYS:
+            metrics[key] = first[key]
+        metrics["loop_time_s"] = loop_time
+        metrics["worker_pids"] = [r["pid"] for r in results]
+        metrics["worker_compute_s"] = [r["compute_time_s"] for r in results]
+        for key in ("val_loss", "train_loss", "noise_scale"):
+            value = metrics[key]
+            if value is not None and not math.isfinite(value):
+                metrics[key] = None
+        self._epoch += 1
+        done = bool(first["diverged"]) or self._epoch >= self._spec.schedule.total_epochs
+        self._finished = done
+        metrics["done"] = done
+        return metrics
