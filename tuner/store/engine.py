@@ -58,10 +58,10 @@ def normalize_url(url: str | URL) -> URL:
         parsed = url
     backend = parsed.get_backend_name()
     if backend == "postgresql":
-        if parsed.get_driver_name() != "psycopg":
+        if parsed.drivername != "postgresql+psycopg":
             parsed = parsed.set(drivername="postgresql+psycopg")
     elif backend == "sqlite":
-        if parsed.get_driver_name() not in ("", "pysqlite"):
+        if parsed.drivername not in ("sqlite", "sqlite+pysqlite"):
             raise ValidationError(
                 f"unsupported SQLite driver {parsed.drivername!r}; use a sqlite:/// URL"
             )

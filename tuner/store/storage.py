@@ -451,10 +451,20 @@ class StudyStore:
             raise NotFoundError(f"study {study_id} does not exist")
         return records[0]
 
-    def _lock_study(self, session: Session, study_id: int, *, share: bool = False) -> StudyRow:
-        row = session.execute(
-            select(StudyRow).where(StudyRow.id == study_id).with_for_update(read=share)
-        ).scalar_one_or_none()
+    def _lock_study(
+        self, session: Session, study_id: int, *, share: bool = False, delete: bool = False
+    ) -> StudyRow:
+        """Load and lock the study row. PostgreSQL: ``FOR SHARE`` (``share``), ``FOR UPDATE``
+        (``delete``), else ``FOR NO KEY UPDATE``, which still lets trials be inserted (their
+        foreign-key check only needs a key-share lock). SQLite: the write transaction's lock."""
+        query = select(StudyRow).where(StudyRow.id == study_id)
+        if share:
+            query = query.with_for_update(read=True)
+        elif delete:
+            query = query.with_for_update()
+        else:
+            query = query.with_for_update(key_share=True)
+        row = session.execute(query).scalar_one_or_none()
         if row is None:
             raise NotFoundError(f"study {study_id} does not exist")
         return row
@@ -749,7 +759,7 @@ class StudyStore:
     def delete_study(self, study_id: int) -> None:
         """Delete a study with its trials and metrics. ``InvalidStateError`` while running."""
         with self._session(write=True) as session:
-            row = self._lock_study(session, study_id)
+            row = self._lock_study(session, study_id, delete=True)
             if row.status == StudyStatus.RUNNING:
                 raise InvalidStateError(
                     f"study {study_id} is running; cancel it (request_cancel) and delete it "
