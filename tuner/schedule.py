@@ -531,7 +531,13 @@ class Schedule:
             prev, cur = stages[i - 1], stages[i]
             if not (_is_int(prev.end_epoch) and _is_int(cur.start_epoch)):
                 continue
-            if prev.end_epoch != cur.start_epoch:
+            if _is_int(prev.start_epoch) and cur.start_epoch < prev.start_epoch:
+                out.append(
+                    f"{_stage_label(i, cur.start_epoch, cur.end_epoch)} starts before "
+                    f"{_stage_label(i - 1, prev.start_epoch, prev.end_epoch)}: list the stages "
+                    "in epoch order"
+                )
+            elif prev.end_epoch != cur.start_epoch:
                 gap = cur.start_epoch - prev.end_epoch
                 kind = f"gap of {gap}" if gap > 0 else f"overlap of {-gap}"
                 unit = "epoch" if abs(gap) == 1 else "epochs"
@@ -562,8 +568,14 @@ class Schedule:
         start_lrs: list[float] = []
         end_lrs: list[float] = []
         prev_end = self.base_lr if self.warmup_start_lr is None else self.warmup_start_lr
-        for st in self.stages:
+        for i, st in enumerate(self.stages):
             peak = self.base_lr * self._scale(st.batch_size) * st.lr_multiplier
+            if not math.isfinite(peak) or peak <= 0:
+                raise ScheduleError(
+                    f"{_stage_label(i, st.start_epoch, st.end_epoch)}: its peak LR "
+                    f"(base_lr * scale * lr_multiplier = {peak!r}) is not a finite positive "
+                    "number; lower base_lr or lr_multiplier"
+                )
             starts.append(st.start_epoch)
             peaks.append(peak)
             start_lrs.append(prev_end if st.warmup_epochs > 0 else peak)
@@ -642,12 +654,16 @@ class Schedule:
     def num_stages(self) -> int:
         return len(self.stages)
 
-    def _check_stage_index(self, stage_index: int) -> None:
-        if not _is_int(stage_index) or not 0 <= stage_index < len(self.stages):
+    def _check_stage_index(self, stage_index: int) -> int:
+        index = _norm_int(stage_index)
+        if not isinstance(index, int) or isinstance(index, bool):
+            index = -1
+        if not 0 <= index < len(self.stages):
             raise ScheduleError(
                 f"stage_index must be an integer in [0, {len(self.stages) - 1}] (0-based), "
                 f"got {_show(stage_index)}"
             )
+        return index
 
     def _check_epoch(self, epoch: float, *, allow_end: bool) -> float:
         total = self.stages[-1].end_epoch
@@ -681,12 +697,12 @@ class Schedule:
 
     def peak_lr(self, stage_index: int) -> float:
         """The stage's LR after warm-up: base LR, scaled to its batch, times its multiplier."""
-        self._check_stage_index(stage_index)
+        stage_index = self._check_stage_index(stage_index)
         return self._peaks[stage_index]
 
     def stage_start_lr(self, stage_index: int) -> float:
         """LR at the stage's first instant: the warm-up's starting LR, or the peak if none."""
-        self._check_stage_index(stage_index)
+        stage_index = self._check_stage_index(stage_index)
         return self._start_lrs[stage_index]
 
     def stage_end_lr(self, stage_index: int) -> float:
@@ -694,7 +710,7 @@ class Schedule:
 
         The next stage's warm-up starts from this value.
         """
-        self._check_stage_index(stage_index)
+        stage_index = self._check_stage_index(stage_index)
         return self._end_lrs[stage_index]
 
     def lr_at(self, epoch: float) -> float:
@@ -744,8 +760,8 @@ class Schedule:
         the last ``N % b`` samples are dropped; a batch larger than the dataset is an error.
         With ``drop_last=False`` it has ``ceil(N / b)`` steps, the last one smaller.
         """
-        self._check_stage_index(stage_index)
-        _check_dataset_size(dataset_size)
+        stage_index = self._check_stage_index(stage_index)
+        dataset_size = _check_dataset_size(dataset_size)
         st = self.stages[stage_index]
         if drop_last:
             if st.batch_size > dataset_size:
@@ -768,7 +784,7 @@ class Schedule:
         Raises ScheduleError naming every stage whose batch is larger than the dataset when
         ``drop_last`` is true.
         """
-        _check_dataset_size(dataset_size)
+        dataset_size = _check_dataset_size(dataset_size)
         if drop_last:
             too_large = [
                 self._too_large(i, dataset_size)
@@ -789,6 +805,7 @@ class Schedule:
     def samples_seen(self, dataset_size: int, *, drop_last: bool = True) -> int:
         """Training samples processed over the run (dropped samples do not count)."""
         steps = self.stage_steps(dataset_size, drop_last=drop_last)
+        dataset_size = _check_dataset_size(dataset_size)
         if not drop_last:
             return dataset_size * self.total_epochs
         return sum(n * st.batch_size for n, st in zip(steps, self.stages, strict=True))
@@ -806,6 +823,7 @@ class Schedule:
         samples in that step (the last step of an epoch is smaller when ``drop_last=False`` and
         the batch does not divide the dataset). Validation happens before the first item.
         """
+        dataset_size = _check_dataset_size(dataset_size)
         per_epoch = [
             n // st.num_epochs
             for n, st in zip(
@@ -980,12 +998,14 @@ def _decay_end_lr(st: Stage, peak: float) -> float:
     return peak * st.decay_final_factor
 
 
-def _check_dataset_size(dataset_size: int) -> None:
-    if not _is_int(dataset_size) or dataset_size < 1:
+def _check_dataset_size(dataset_size: int) -> int:
+    size = _norm_int(dataset_size)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise ScheduleError(
             f"dataset_size must be a positive integer (training samples per epoch), "
             f"got {_show(dataset_size)}"
         )
+    return size
 
 
 def _stage_to_dict(st: Stage) -> dict[str, Any]:
@@ -1306,6 +1326,9 @@ def place_batch(
 
     Raises PlacementError saying why the batch cannot be placed.
     """
+    global_batch = cast(int, _norm_int(global_batch))
+    world_size = cast(int, _norm_int(world_size))
+    micro_batch = cast("int | None", _norm_int(micro_batch))
     problems: list[str] = []
     if not _is_int(global_batch) or not 1 <= global_batch <= MAX_BATCH_SIZE:
         problems.append(
@@ -1444,6 +1467,8 @@ def place(
 
     Raises PlacementError naming every stage that cannot be placed and why.
     """
+    world_size = cast(int, _norm_int(world_size))
+    micro_batch = cast("int | None", _norm_int(micro_batch))
     common: list[str] = []
     _check_placement_args(world_size, micro_batch, speed_weights, common)
     if common:
