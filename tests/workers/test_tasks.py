@@ -6,6 +6,7 @@ import os
 import pickle
 import random
 from collections.abc import Iterator
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from tuner.errors import ConflictError, NotFoundError, ValidationError
+from tuner.errors import ConflictError, NotFoundError, StagetuneError, ValidationError
 from tuner.tasks import available_tasks
 from workers.tasks import (
     BUILTIN_TASKS,
@@ -93,6 +94,87 @@ def test_unknown_task_names_the_known_ones() -> None:
     assert "mnist2d" in message
     for name in ("cifar10", "digits", "mnist1d", "synthetic"):
         assert name in message
+
+
+EXT_MODULE = """
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from workers.tasks import BaseTask, TaskData, TaskOptions
+
+
+class ExtOptions(TaskOptions):
+    n: int = Field(default=4, ge=2, le=100)
+
+
+class ExtTask(BaseTask[ExtOptions]):
+    name = "ext-demo"
+    description = "A third-party task."
+    default_epochs = 2
+    default_base_batch_size = 2
+    default_base_lr = 0.1
+    options_model = ExtOptions
+
+    def _load(self, opts: ExtOptions, data_seed: int) -> TaskData:
+        x = torch.arange(opts.n, dtype=torch.float32).unsqueeze(1)
+        y = torch.arange(opts.n) % 2
+        return TaskData(x, y, x, y, x, y, num_classes=2, input_shape=(1,))
+
+    def _build(self, opts: ExtOptions) -> torch.nn.Module:
+        return torch.nn.Linear(1, 2)
+
+
+TASK = ExtTask()
+"""
+
+
+def _with_entry_points(monkeypatch: pytest.MonkeyPatch, extra: list[EntryPoint]) -> None:
+    real = list(entry_points(group="stagetune.tasks"))
+
+    def fake(group: str) -> list[EntryPoint]:
+        assert group == "stagetune.tasks"
+        return real + extra
+
+    monkeypatch.setattr("workers.tasks.entry_points", fake)
+
+
+def test_third_party_task_loads_through_its_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "stagetune_ext_demo.py").write_text(EXT_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    group = "stagetune.tasks"
+    _with_entry_points(
+        monkeypatch,
+        [
+            EntryPoint(name="ext-demo", value="stagetune_ext_demo:TASK", group=group),
+            EntryPoint(name="ext-broken", value="stagetune_no_such_module:TASK", group=group),
+            EntryPoint(name="ext-misnamed", value="stagetune_ext_demo:TASK", group=group),
+        ],
+    )
+    task = get_task("ext-demo")
+    assert task.load_data({"n": 6}, seed=0).num_train == 6
+    with pytest.raises(ValidationError, match="'n'"):
+        task.load_data({"n": 1}, seed=0)
+    with pytest.raises(StagetuneError, match="stagetune_no_such_module:TASK"):
+        get_task("ext-broken")
+    with pytest.raises(StagetuneError, match="calls itself 'ext-demo'"):
+        get_task("ext-misnamed")
+    names = [info.name for info in list_tasks()]  # the broken ones are left out
+    assert "ext-demo" in names
+    assert "ext-broken" not in names
+    assert "mnist1d" in names
+
+
+def test_builtins_resolve_without_package_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("workers.tasks.entry_points", lambda group: [])
+    assert sorted(BUILTIN_TASKS) == ["cifar10", "digits", "mnist1d", "synthetic"]
+    for name in BUILTIN_TASKS:
+        assert get_task(name).name == name
+    with pytest.raises(NotFoundError):
+        get_task("ext-demo")
 
 
 class _TinyOptions(TaskOptions):

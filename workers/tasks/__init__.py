@@ -53,6 +53,8 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+from collections.abc import Callable
+from functools import partial
 from importlib.metadata import EntryPoint, entry_points
 
 from tuner.errors import ConflictError, NotFoundError, StagetuneError
@@ -102,7 +104,7 @@ BUILTIN_TASKS: dict[str, str] = {
 
 _lock = threading.RLock()
 _registered: dict[str, Task] = {}  # register_task(), highest priority
-_loaded: dict[str, Task] = {}  # entry points / built-ins already imported
+_loaded: dict[tuple[str, str], Task] = {}  # (name, target) of imported entry points
 
 
 def _entry_points() -> dict[str, EntryPoint]:
@@ -148,24 +150,28 @@ def get_task(name: str) -> Task:
     with _lock:
         if name in _registered:
             return _registered[name]
-        if name in _loaded:
-            return _loaded[name]
         eps = _entry_points()
         if name in eps:
-            source = f"entry point {eps[name].value!r}"
-            try:
-                obj = eps[name].load()
-            except Exception as exc:
-                raise StagetuneError(
-                    f"task {name!r} is registered by {source} but could not be loaded: {exc}"
-                ) from exc
+            target = eps[name].value
+            source = f"entry point {target!r}"
+            load: Callable[[], object] = eps[name].load
         elif name in BUILTIN_TASKS:
-            source = f"built-in {BUILTIN_TASKS[name]!r}"
-            obj = _load_target(BUILTIN_TASKS[name])
+            target = BUILTIN_TASKS[name]
+            source = f"built-in {target!r}"
+            load = partial(_load_target, target)
         else:
             raise NotFoundError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}")
+        if (name, target) in _loaded:
+            return _loaded[name, target]
+        try:
+            obj = load()
+        except Exception as exc:
+            raise StagetuneError(
+                f"task {name!r} is registered by {source} but could not be loaded: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         task = _check_task(obj, name, source)
-        _loaded[name] = task
+        _loaded[name, target] = task
         return task
 
 

@@ -260,7 +260,7 @@ def describe_field(info: FieldInfo) -> str:
             bounds.append(f"a multiple of {multiple}")
         min_length = getattr(meta, "min_length", None)
         if min_length:
-            bounds.append(f"at least {min_length} long")
+            bounds.append(f"of length >= {min_length}")
     text = _type_name(info.annotation)
     if bounds:
         text += " " + " and ".join(b for b in bounds if not b.startswith("a multiple"))
@@ -270,7 +270,8 @@ def describe_field(info: FieldInfo) -> str:
     if info.is_required():
         text += " (required)"
     else:
-        text += f" (default {info.get_default(call_default_factory=True)!r})"
+        default = info.get_default(call_default_factory=True)
+        text += f" (default {'null' if default is None else repr(default)})"
     return text.replace("  ", " ")
 
 
@@ -297,12 +298,14 @@ def parse_options(
             if err["type"] == "extra_forbidden":
                 problems.append(f"unknown option {loc!r} (allowed options: {allowed})")
             elif err["type"] == "missing":
-                problems.append(
-                    f"option {loc!r} is required: {describe_field(model.model_fields[top])}"
-                )
+                info = model.model_fields[top]
+                what = f"{info.description.rstrip('.')}; " if info.description else ""
+                allowed_here = describe_field(info).removesuffix(" (required)")
+                problems.append(f"option {loc!r} is required ({what}{allowed_here})")
             elif top in model.model_fields:
+                msg = str(err["msg"]).removeprefix("Value error, ")
                 problems.append(
-                    f"option {loc!r} = {err.get('input')!r} is invalid ({err['msg']}); "
+                    f"option {loc!r} = {err.get('input')!r} is invalid ({msg}); "
                     f"allowed: {describe_field(model.model_fields[top])}"
                 )
             else:
