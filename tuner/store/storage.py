@@ -1066,11 +1066,15 @@ class StudyStore:
     def trial_metrics(self, trial_id: int) -> list[EpochMetrics]:
         """The trial's per-epoch metrics, by epoch."""
         with self._session(write=False) as session:
-            rows = session.execute(
-                select(*_METRIC_COLUMNS)
-                .where(TrialMetricRow.trial_id == trial_id)
-                .order_by(TrialMetricRow.epoch)
-            ).all()
+            rows = (
+                session.connection()
+                .execute(
+                    select(*_METRIC_COLUMNS)
+                    .where(TrialMetricRow.trial_id == trial_id)
+                    .order_by(TrialMetricRow.epoch)
+                )
+                .all()
+            )
             if not rows and session.get(TrialRow, trial_id) is None:
                 raise NotFoundError(f"trial id {trial_id} does not exist")
         return [_metrics_record(row) for row in rows]
@@ -1079,20 +1083,30 @@ class StudyStore:
         """Every trial's learning curve in one query: trial number -> metrics by epoch
         (an empty list for a trial without metrics), trials in number order."""
         with self._session(write=False) as session:
-            rows = session.execute(
-                select(TrialRow.number, *_METRIC_COLUMNS)
-                .select_from(TrialRow)
-                .outerjoin(TrialMetricRow, TrialMetricRow.trial_id == TrialRow.id)
-                .where(TrialRow.study_id == study_id)
-                .order_by(TrialRow.number, TrialMetricRow.epoch)
-            ).all()
+            # Core execution on the session's connection: no ORM row processing for the
+            # (possibly tens of thousands of) rows.
+            rows = (
+                session.connection()
+                .execute(
+                    select(TrialRow.number, *_METRIC_COLUMNS)
+                    .select_from(TrialRow)
+                    .outerjoin(TrialMetricRow, TrialMetricRow.trial_id == TrialRow.id)
+                    .where(TrialRow.study_id == study_id)
+                    .order_by(TrialRow.number, TrialMetricRow.epoch)
+                )
+                .all()
+            )
             if not rows:
                 self._require_study(session, study_id)
         curves: dict[int, list[EpochMetrics]] = {}
+        curve: list[EpochMetrics] = []
+        number = None
         for row in rows:
-            curve = curves.setdefault(row[0], [])
+            if row[0] != number:
+                number = row[0]
+                curve = curves[number] = []
             if row[2] is not None:  # the epoch of an outer-joined metrics row
-                curve.append(_metrics_record(row[1:]))
+                curve.append(EpochMetrics(*row[1:]))
         return curves
 
 
