@@ -249,30 +249,28 @@ def _type_name(annotation: Any) -> str:
 
 def describe_field(info: FieldInfo) -> str:
     """``"an integer >= 100 and <= 100000, a multiple of 10 (default 5000)"``."""
-    bounds: list[str] = []
+    ranges: list[str] = []
+    extras: list[str] = []
     for meta in info.metadata:
         for attr, symbol in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
             value = getattr(meta, attr, None)
             if value is not None:
-                bounds.append(f"{symbol} {value}")
+                ranges.append(f"{symbol} {value}")
         multiple = getattr(meta, "multiple_of", None)
         if multiple is not None:
-            bounds.append(f"a multiple of {multiple}")
+            extras.append(f"a multiple of {multiple}")
         min_length = getattr(meta, "min_length", None)
         if min_length:
-            bounds.append(f"of length >= {min_length}")
+            extras.append(f"of length >= {min_length}")
     text = _type_name(info.annotation)
-    if bounds:
-        text += " " + " and ".join(b for b in bounds if not b.startswith("a multiple"))
-        multiples = [b for b in bounds if b.startswith("a multiple")]
-        if multiples:
-            text += ", " + multiples[0]
+    if ranges:
+        text += " " + " and ".join(ranges)
+    if extras:
+        text += ", " + ", ".join(extras)
     if info.is_required():
-        text += " (required)"
-    else:
-        default = info.get_default(call_default_factory=True)
-        text += f" (default {'null' if default is None else repr(default)})"
-    return text.replace("  ", " ")
+        return text + " (required)"
+    default = info.get_default(call_default_factory=True)
+    return text + f" (default {'null' if default is None else repr(default)})"
 
 
 def parse_options(
