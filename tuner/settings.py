@@ -24,13 +24,15 @@ class Settings(BaseSettings):
         env_prefix="STAGETUNE_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
     )
 
-    data_dir: Path = Field(DEFAULT_DATA_DIR, description="Where the embedded default keeps data.")
+    data_dir: Path = Field(
+        default=DEFAULT_DATA_DIR, description="Where the embedded default keeps data."
+    )
     database_url: str | None = Field(
-        None,
+        default=None,
         description="SQLAlchemy URL of the study database; default: SQLite in data_dir.",
     )
     ray_storage_path: Path | None = Field(
-        None, description="Ray Tune experiment directory; default: data_dir/ray."
+        default=None, description="Ray Tune experiment directory; default: data_dir/ray."
     )
 
     # API
@@ -38,18 +40,26 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Bearer tokens accepted for writes (STAGETUNE_API_TOKENS, comma-separated).",
     )
-    api_token: SecretStr | None = Field(None, description="A single bearer token (shorthand).")
-    protect_reads: bool = Field(False, description="Require the token for reads as well.")
-    max_request_bytes: int = Field(1_000_000, gt=0, description="Largest accepted request body.")
+    api_token: SecretStr | None = Field(
+        default=None, description="A single bearer token (shorthand)."
+    )
+    protect_reads: bool = Field(default=False, description="Require the token for reads as well.")
+    max_request_bytes: int = Field(
+        default=1_000_000, gt=0, description="Largest accepted request body."
+    )
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(default=8000, ge=1, le=65535)
 
     # Dispatcher
-    heartbeat_s: float = Field(5.0, gt=0, description="How often a running study heartbeats.")
-    stale_after_s: float = Field(
-        60.0, gt=0, description="A running study whose heartbeat is older is taken over."
+    heartbeat_s: float = Field(
+        default=5.0, gt=0, description="How often a running study heartbeats."
     )
-    poll_s: float = Field(2.0, gt=0, description="How often an idle dispatcher looks for work.")
+    stale_after_s: float = Field(
+        default=60.0, gt=0, description="A running study whose heartbeat is older is taken over."
+    )
+    poll_s: float = Field(
+        default=2.0, gt=0, description="How often an idle dispatcher looks for work."
+    )
 
     @field_validator("api_tokens", mode="before")
     @classmethod

@@ -1,0 +1,584 @@
+"""What the dashboard shows, built from store records: pure functions, no web framework.
+
+The study page gets everything it draws from :func:`study_page_data` (embedded in the page,
+and polled from the data endpoint while the study runs): the study header, one row per
+trial, every learning curve (columnar, compact), the schedule pictures of the best trial and
+the baselines, and the best-vs-baselines comparison. :func:`schedule_picture` turns a
+schedule into the points of its batch-size and LR step plots; :func:`study_row` is a row of
+the studies page. :func:`param_importance` reads the study's Optuna storage (the only
+function here that touches a database).
+
+Numbers stay numbers (the page formats them); times are ISO 8601 UTC strings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from tuner.errors import ValidationError
+from tuner.schedule import Schedule
+from tuner.store import EpochMetrics, StudyRecord, StudyStatus, TrialRecord, TrialStatus
+
+__all__ = [
+    "BASELINE_LABELS",
+    "CHANGE_MARGIN",
+    "MIN_IMPORTANCE_TRIALS",
+    "comparison_rows",
+    "compact_curve",
+    "data_etag",
+    "elapsed_seconds",
+    "format_duration",
+    "format_objective",
+    "objective_info",
+    "optuna_study_names",
+    "param_importance",
+    "schedule_picture",
+    "schedule_summary",
+    "study_header",
+    "study_page_data",
+    "study_row",
+    "trial_row",
+]
+
+#: Display names of the built-in baselines (others are shown by their name).
+BASELINE_LABELS: Final[Mapping[str, str]] = {
+    "small_batch": "small batch",
+    "large_batch": "large batch (Goyal)",
+    "increase_batch": "increase batch (Smith)",
+}
+
+#: An incremental poll (``since``) re-sends trials finished this long before ``since``
+#: too, so a worker clock a little behind the server's loses no update.
+CHANGE_MARGIN: Final = timedelta(minutes=2)
+
+#: Parameter importance needs at least this many usable (complete, feasible) Optuna trials.
+MIN_IMPORTANCE_TRIALS: Final = 5
+
+#: Points per stage when sampling a decaying LR (cosine, linear); steps are drawn exactly.
+_LR_SAMPLES_PER_STAGE: Final = 24
+
+
+# -- small formatting helpers (also Jinja filters) -------------------------------------------
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _finite(value: float | None, digits: int | None = None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value, digits) if digits is not None else float(value)
+
+
+def format_duration(seconds: float | None) -> str:
+    """``"2h 05m"``, ``"3m 07s"``, ``"42s"``; an em dash for unknown."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "—"
+    total = int(round(seconds))
+    days, rest = divmod(total, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+def format_objective(value: float | None, name: str) -> str:
+    """An objective value as a person reads it: accuracy as a percentage, steps as a count,
+    wall time as a duration."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    if "accuracy" in name:
+        return f"{value * 100:.2f}%"
+    if "wall_time" in name:
+        return format_duration(value)
+    if "steps" in name:
+        return f"{value:,.0f} steps"
+    return f"{value:.4g}"
+
+
+# -- objective ------------------------------------------------------------------------------
+
+
+def objective_info(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The study's objective from its spec: kind, value names, directions, cost and a label."""
+    raw = spec.get("objective")
+    objective: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    kind = str(objective.get("kind") or "accuracy")
+    cost = str(objective.get("cost") or "steps")
+    cost_text = "wall time" if cost == "wall_time" else "steps"
+    if kind == "time_to_accuracy":
+        target = objective.get("target_accuracy")
+        target_text = f"{target * 100:.1f}%" if isinstance(target, int | float) else "the target"
+        return {
+            "kind": kind,
+            "names": [f"{cost}_to_target"],
+            "directions": ["minimize"],
+            "cost": cost,
+            "target_accuracy": target,
+            "label": f"minimise {cost_text} to reach {target_text} validation accuracy",
+        }
+    if kind == "pareto":
+        return {
+            "kind": kind,
+            "names": ["val_accuracy", cost],
+            "directions": ["maximize", "minimize"],
+            "cost": cost,
+            "label": f"Pareto front of validation accuracy against {cost_text}",
+        }
+    constraints = []
+    if objective.get("max_mean_batch_size") is not None:
+        constraints.append(f"mean batch ≤ {objective['max_mean_batch_size']:g}")
+    if objective.get("min_mean_batch_size") is not None:
+        constraints.append(f"mean batch ≥ {objective['min_mean_batch_size']:g}")
+    if objective.get("max_steps") is not None:
+        constraints.append(f"steps ≤ {objective['max_steps']:,}")
+    label = "maximise final validation accuracy"
+    if constraints:
+        label += " with " + ", ".join(constraints)
+    return {
+        "kind": "accuracy",
+        "names": ["val_accuracy"],
+        "directions": ["maximize"],
+        "cost": "steps",
+        "label": label,
+    }
+
+
+# -- studies page ---------------------------------------------------------------------------
+
+
+def elapsed_seconds(study: StudyRecord, now: datetime) -> float | None:
+    """Run time so far (running), or start to finish (finished); ``None`` if never started."""
+    if study.started_at is None:
+        return None
+    end = study.finished_at if study.finished_at is not None else now
+    return max(0.0, (end - study.started_at).total_seconds())
+
+
+def study_row(study: StudyRecord, now: datetime) -> dict[str, Any]:
+    """One row of the studies page."""
+    objective = objective_info(study.spec)
+    name = objective["names"][0]
+    budget = max(1, study.budget)
+    return {
+        "id": study.id,
+        "name": study.name or f"study {study.id}",
+        "task": study.task,
+        "owner": study.owner,
+        "status": study.status.value,
+        "finished": study.is_finished,
+        "cancel_requested": study.cancel_requested,
+        "budget": study.budget,
+        "trials_done": study.trials_done,
+        "trials_running": study.trials_running,
+        "done_pct": round(min(100.0, 100.0 * study.trials_done / budget), 1),
+        "running_pct": round(
+            min(100.0 - min(100.0, 100.0 * study.trials_done / budget),
+                100.0 * study.trials_running / budget),
+            1,
+        ),
+        "best_value": _finite(study.best_value),
+        "best_text": format_objective(study.best_value, name),
+        "best_trial_number": study.best_trial_number,
+        "objective": objective,
+        "elapsed_s": elapsed_seconds(study, now),
+        "elapsed_text": format_duration(elapsed_seconds(study, now)),
+        "created_at": _iso(study.created_at),
+        "created_text": study.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "error": study.error,
+    }
+
+
+# -- study page -------------------------------------------------------------------------------
+
+
+def schedule_summary(document: Mapping[str, Any]) -> str | None:
+    """``"64@0-3 -> 256@3-8"`` for a stored schedule, ``None`` if it does not parse."""
+    try:
+        return Schedule.from_dict(dict(document)).summary()
+    except (ValidationError, TypeError, ValueError):
+        return None
+
+
+def _lr_points(schedule: Schedule) -> tuple[list[float], list[float]]:
+    """Points (epoch, LR) whose straight-line interpolation is the exact LR curve for constant,
+    step and warm-up segments (a jump is two points at one epoch) and a fine sampling of
+    cosine and linear decays."""
+    xs: list[float] = []
+    ys: list[float] = []
+
+    def add(x: float, y: float) -> None:
+        xs.append(round(x, 6))
+        ys.append(float(f"{y:.6g}"))
+
+    for i, st in enumerate(schedule.stages):
+        start, end = float(st.start_epoch), float(st.end_epoch)
+        if i > 0:  # the value just before the boundary, then the jump
+            add(start, schedule.stage_end_lr(i - 1))
+        add(start, schedule.lr_at(start))
+        warm_end = start + min(st.warmup_epochs, end - start)
+        if warm_end > start:
+            add(warm_end, schedule.lr_at(min(warm_end, end - 1e-9)))
+        if st.decay == "step" and st.step_every_epochs:
+            k = 1
+            while warm_end + k * st.step_every_epochs < end - 1e-9:
+                x = warm_end + k * st.step_every_epochs
+                add(x, schedule.lr_at(x - 1e-9))
+                add(x, schedule.lr_at(x))
+                k += 1
+        elif st.decay in ("cosine", "linear") and end > warm_end:
+            n = _LR_SAMPLES_PER_STAGE if st.decay == "cosine" else 1
+            for j in range(1, n):
+                add(warm_end + (end - warm_end) * j / n, schedule.lr_at(warm_end + (end - warm_end) * j / n))
+        add(end, schedule.stage_end_lr(i))
+    return xs, ys
+
+
+def schedule_picture(document: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The points of a schedule's pictures: batch size per epoch (draw with ``shape="hv"``:
+    ``batch_epochs`` are the stage starts plus the end) and the LR curve (draw with straight
+    lines). ``None`` if the document is not a valid schedule."""
+    try:
+        schedule = Schedule.from_dict(dict(document))
+    except (ValidationError, TypeError, ValueError):
+        return None
+    stages = schedule.stages
+    lr_epochs, lrs = _lr_points(schedule)
+    return {
+        "summary": schedule.summary(),
+        "total_epochs": schedule.total_epochs,
+        "batch_epochs": [s.start_epoch for s in stages] + [stages[-1].end_epoch],
+        "batch_sizes": [s.batch_size for s in stages] + [stages[-1].batch_size],
+        "lr_epochs": lr_epochs,
+        "lrs": lrs,
+        "stages": [
+            {
+                "start": s.start_epoch,
+                "end": s.end_epoch,
+                "batch_size": s.batch_size,
+                "peak_lr": float(f"{schedule.peak_lr(i):.6g}"),
+                "warmup_epochs": s.warmup_epochs,
+                "decay": s.decay,
+            }
+            for i, s in enumerate(stages)
+        ],
+    }
+
+
+def trial_row(trial: TrialRecord) -> dict[str, Any]:
+    """One trial as the page uses it (table row, chart point)."""
+    return {
+        "number": trial.number,
+        "baseline": trial.baseline,
+        "status": trial.status.value,
+        "stop_reason": trial.stop_reason,
+        "summary": schedule_summary(trial.schedule),
+        "val_accuracy": _finite(trial.val_accuracy),
+        "val_loss": _finite(trial.val_loss),
+        "steps": trial.steps,
+        "wall_time_s": _finite(trial.wall_time_s, 3),
+        "mean_batch_size": _finite(trial.mean_batch_size, 3),
+        "epochs_done": trial.epochs_done,
+        "started_at": _iso(trial.started_at),
+        "finished_at": _iso(trial.finished_at),
+    }
+
+
+def compact_curve(metrics: Sequence[EpochMetrics]) -> dict[str, list[Any]]:
+    """A learning curve as columns: ``epoch`` counts epochs trained (epoch index + 1, so it
+    lines up with the schedule picture's epoch axis), ``acc`` the validation accuracy after
+    it (``None`` where not reported), ``loss`` the validation loss."""
+    return {
+        "epoch": [m.epoch + 1 for m in metrics],
+        "acc": [_finite(m.val_accuracy, 5) for m in metrics],
+        "loss": [_finite(m.val_loss, 5) for m in metrics],
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def _compare(best: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, float | None]:
+    def num(row: Mapping[str, Any], key: str) -> float | None:
+        value = row.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value) if math.isfinite(value) else None
+
+    acc_best, acc_base = num(best, "val_accuracy"), num(base, "val_accuracy")
+    return {
+        "accuracy_delta": None if acc_best is None or acc_base is None else acc_best - acc_base,
+        "steps_ratio": _ratio(num(best, "steps"), num(base, "steps")),
+        "wall_time_ratio": _ratio(num(best, "wall_time_s"), num(base, "wall_time_s")),
+        "mean_batch_size_ratio": _ratio(num(best, "mean_batch_size"), num(base, "mean_batch_size")),
+    }
+
+
+_COMPARED_KEYS: Final = ("val_accuracy", "steps", "wall_time_s", "mean_batch_size")
+
+
+def _comparison_row(source: Mapping[str, Any], role: str) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "role": role,
+        "number": source.get("number"),
+        "baseline": source.get("baseline"),
+        "summary": source.get("schedule_summary") or source.get("summary"),
+        "status": source.get("status"),
+    }
+    for key in _COMPARED_KEYS:
+        value = source.get(key)
+        row[key] = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return row
+
+
+def comparison_rows(
+    study: StudyRecord, trials: Iterable[TrialRecord]
+) -> list[dict[str, Any]]:
+    """The best schedule against each baseline: the best row first, then one per baseline
+    with ``vs_best`` (accuracy difference best - baseline, and best / baseline ratios of
+    steps, wall time and mean batch). From the study summary when the engine wrote one,
+    else from the trials themselves (while the study runs)."""
+    summary = study.summary or {}
+    best_doc = summary.get("best")
+    baselines_doc = summary.get("baselines")
+    if isinstance(best_doc, Mapping) and isinstance(baselines_doc, list):
+        best = _comparison_row(best_doc, "best")
+        bases = [_comparison_row(b, "baseline") for b in baselines_doc if isinstance(b, Mapping)]
+    else:
+        by_number = {t.number: t for t in trials}
+        best_trial = (
+            by_number.get(study.best_trial_number) if study.best_trial_number is not None else None
+        )
+        if best_trial is None:
+            return []
+        best = _comparison_row(trial_row(best_trial), "best")
+        bases = [
+            _comparison_row(trial_row(t), "baseline")
+            for t in sorted(by_number.values(), key=lambda t: t.number)
+            if t.baseline is not None
+        ]
+    rows = [best]
+    for base in bases:
+        base["vs_best"] = _compare(best, base)
+        base["is_best"] = base["number"] == best["number"]
+        rows.append(base)
+    best["is_best"] = True
+    return rows
+
+
+def study_header(study: StudyRecord, now: datetime) -> dict[str, Any]:
+    """The study's header: :func:`study_row` plus what the study page adds."""
+    row = study_row(study, now)
+    summary = study.summary or {}
+    note = summary.get("note")
+    row.update(
+        {
+            "started_at": _iso(study.started_at),
+            "finished_at": _iso(study.finished_at),
+            "heartbeat_at": _iso(study.heartbeat_at),
+            "worker_id": study.worker_id,
+            "attempts": study.attempts,
+            "note": note if isinstance(note, str) else None,
+            "best_is_baseline": bool(summary.get("best_is_baseline", False)),
+            "total_epochs": _spec_total_epochs(study.spec),
+        }
+    )
+    return row
+
+
+def _spec_total_epochs(spec: Mapping[str, Any]) -> int | None:
+    schedule = spec.get("schedule")
+    if isinstance(schedule, Mapping):
+        total = schedule.get("total_epochs")
+        if isinstance(total, int) and not isinstance(total, bool):
+            return total
+    return None
+
+
+def _changed_since(trial: TrialRecord, since: datetime) -> bool:
+    if trial.status is TrialStatus.RUNNING or trial.finished_at is None:
+        return True
+    return trial.finished_at >= since - CHANGE_MARGIN
+
+
+def study_page_data(
+    study: StudyRecord,
+    trials: Sequence[TrialRecord],
+    curves: Mapping[int, Sequence[EpochMetrics]],
+    *,
+    now: datetime,
+    since: datetime | None = None,
+) -> dict[str, Any]:
+    """Everything the study page draws, in one JSON-ready mapping.
+
+    With ``since`` (the ``server_time`` of an earlier answer) only trials that may have
+    changed after it are included (running ones, and those finished since, with a margin:
+    a finished trial never changes again), with ``"incremental": true``; the page merges
+    them into what it has. Study-level parts (header, comparison, schedules of the best
+    trial and the baselines) are always complete.
+    """
+    by_number = {t.number: t for t in trials}
+    shown = [t for t in trials if since is None or _changed_since(t, since)]
+    pictures: dict[str, Any] = {}
+    for t in trials:
+        if t.baseline is not None or t.number == study.best_trial_number:
+            picture = schedule_picture(t.schedule)
+            if picture is not None:
+                pictures[str(t.number)] = picture
+    counts = {s.value: 0 for s in TrialStatus}
+    for t in trials:
+        counts[t.status.value] += 1
+    return {
+        "version": 1,
+        "incremental": since is not None,
+        "study": study_header(study, now),
+        "counts": counts,
+        "trial_total": len(by_number),
+        "trials": [trial_row(t) for t in shown],
+        "curves": {str(t.number): compact_curve(curves.get(t.number, ())) for t in shown},
+        "schedules": pictures,
+        "comparison": comparison_rows(study, trials),
+    }
+
+
+def data_etag(payload: Mapping[str, Any]) -> str:
+    """A strong ETag of the page data, ignoring ``server_time``."""
+    body = {k: v for k, v in payload.items() if k != "server_time"}
+    digest = hashlib.blake2b(
+        json.dumps(body, sort_keys=True, separators=(",", ":")).encode(), digest_size=12
+    ).hexdigest()
+    return f'"{digest}"'
+
+
+# -- parameter importance (Optuna) ----------------------------------------------------------------
+
+
+def optuna_study_names(study: StudyRecord) -> list[str]:
+    """Names the study's Optuna study may have, most likely first: the one the engine wrote
+    into the summary, then the names the dispatcher derives from the study id."""
+    names: list[str] = []
+    summary = study.summary or {}
+    recorded = summary.get("optuna_study")
+    if isinstance(recorded, str) and recorded:
+        names.append(recorded)
+    for pattern in ("stagetune-study-{id}", "stagetune-{id}", "study-{id}", "stagetune_{id}"):
+        name = pattern.format(id=study.id)
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def _unavailable(note: str, **extra: Any) -> dict[str, Any]:
+    return {"available": False, "note": note, "objectives": [], **extra}
+
+
+def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
+    """Optuna's parameter importance (fANOVA) for the study, read from the Optuna RDB storage
+    at ``storage_url`` (the service database), one ranking per objective value.
+
+    Trials the engine told as infeasible (never trained) are left out. Returns
+    ``{"available": False, "note": why}`` when the database has no Optuna tables, the study
+    has no Optuna study, or it has fewer than :data:`MIN_IMPORTANCE_TRIALS` usable trials.
+    """
+    import optuna  # heavy; only this endpoint needs it
+    from sqlalchemy import create_engine, inspect
+
+    probe = create_engine(storage_url)
+    try:
+        tables = set(inspect(probe).get_table_names())
+    finally:
+        probe.dispose()
+    if not {"studies", "trials", "version_info"} <= tables:
+        return _unavailable(
+            "no Optuna storage in this database yet (the engine creates it when it samples "
+            "its first schedule)"
+        )
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(
+        storage_url, skip_table_creation=True, skip_compatibility_check=True
+    )
+    try:
+        existing = {s.study_name for s in storage.get_all_studies()}
+        name = next((n for n in optuna_study_names(study) if n in existing), None)
+        if name is None:
+            return _unavailable("no Optuna study found for this study")
+        loaded = optuna.load_study(study_name=name, storage=storage)
+        directions = loaded.directions
+        frozen = [
+            t
+            for t in loaded.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if not t.user_attrs.get("stagetune_infeasible")
+            and t.values is not None
+            and all(math.isfinite(v) for v in t.values)
+            and t.params
+        ]
+        if len(frozen) < MIN_IMPORTANCE_TRIALS:
+            return _unavailable(
+                f"parameter importance needs at least {MIN_IMPORTANCE_TRIALS} completed tuned "
+                f"trials; the Optuna study has {len(frozen)} so far",
+                optuna_study=name,
+                n_trials=len(frozen),
+            )
+        names_attr = loaded.user_attrs.get("stagetune_objective")
+        value_names = (
+            [str(n) for n in names_attr]
+            if isinstance(names_attr, list) and len(names_attr) == len(directions)
+            else (loaded.metric_names or [f"objective {i}" for i in range(len(directions))])
+        )
+        copy = optuna.create_study(directions=directions)
+        copy.add_trials(frozen)
+        objectives = []
+        for index, value_name in enumerate(value_names):
+            try:
+                ranking = optuna.importance.get_param_importances(
+                    copy,
+                    evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
+                    target=lambda t, i=index: float(t.values[i]),
+                )
+            except (ValueError, RuntimeError) as exc:
+                return _unavailable(
+                    f"Optuna could not compute parameter importance: {exc}",
+                    optuna_study=name,
+                    n_trials=len(frozen),
+                )
+            objectives.append(
+                {
+                    "name": str(value_name),
+                    "params": [
+                        {"name": param, "importance": round(float(value), 5)}
+                        for param, value in ranking.items()
+                    ],
+                }
+            )
+        return {
+            "available": True,
+            "note": (
+                f"fANOVA on {len(frozen)} completed tuned trials (parameters every trial has)"
+            ),
+            "optuna_study": name,
+            "n_trials": len(frozen),
+            "objectives": objectives,
+        }
+    finally:
+        storage.engine.dispose()
+
+
+def is_live(study: StudyRecord) -> bool:
+    """Whether the page should keep polling (the study may still change)."""
+    return study.status in (StudyStatus.QUEUED, StudyStatus.RUNNING)

@@ -1,0 +1,272 @@
+"""Response bodies of the REST API: pydantic models built from the store's frozen records.
+
+Nothing here touches the database; the routers fetch records and convert them with the
+``from_record`` constructors, so the API never exposes ORM objects or internal fields by
+accident.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.schedule import Schedule, ScheduleError
+from tuner.store.records import (
+    EpochMetrics,
+    StudyRecord,
+    StudyStatus,
+    TrialRecord,
+    TrialStatus,
+)
+
+
+def schedule_summary(document: dict[str, Any]) -> str | None:
+    """``"64@0-3 -> 256@3-8"`` for a stored schedule document (``None`` if it is invalid)."""
+    try:
+        return Schedule.from_dict(document).summary()
+    except ScheduleError:
+        return None
+
+
+class Schema(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+class ErrorDetail(Schema):
+    field: str = Field(description="Dotted path of the offending field ('' if none).")
+    loc: list[str | int] = Field(description="Where the field is: body/query/path + keys.")
+    message: str
+    type: str
+
+
+class ErrorInfo(Schema):
+    code: str = Field(description="Machine-readable: validation_error, not_found, conflict, ...")
+    message: str
+    details: list[ErrorDetail] = Field(default_factory=list)
+
+
+class ErrorBody(Schema):
+    """The body of every 4xx and 5xx response."""
+
+    error: ErrorInfo
+
+
+# --- studies ------------------------------------------------------------------------------
+
+
+class Progress(Schema):
+    budget: int = Field(description="Trials the study may run (baselines included).")
+    trials_done: int = Field(description="Trials in a finished state.")
+    trials_running: int
+    trials_remaining: int
+
+
+class BestTrial(Schema):
+    number: int
+    value: float | None = Field(description="The objective value of the best trial so far.")
+    schedule_summary: str | None = Field(
+        None, description="The best schedule in one line, e.g. '64@0-3 -> 256@3-8'."
+    )
+
+
+class StudyOut(Schema):
+    """A study as listed: status, progress and best trial so far."""
+
+    id: int
+    name: str | None
+    owner: str | None
+    task: str
+    status: StudyStatus
+    cancel_requested: bool
+    progress: Progress
+    best: BestTrial | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    worker_id: str | None
+    attempts: int
+    error: str | None
+
+    @classmethod
+    def from_record(cls, study: StudyRecord, schedule_summary: str | None = None) -> StudyOut:
+        return cls(**_study_fields(study, schedule_summary))
+
+
+class StudyDetail(StudyOut):
+    """One study in full: its spec and the engine's comparison against the baselines."""
+
+    spec: dict[str, Any]
+    summary: dict[str, Any] | None
+
+    @classmethod
+    def from_record(cls, study: StudyRecord, schedule_summary: str | None = None) -> StudyDetail:
+        return cls(**_study_fields(study, schedule_summary), spec=study.spec, summary=study.summary)
+
+
+def _study_fields(study: StudyRecord, schedule_summary: str | None) -> dict[str, Any]:
+    best = None
+    if study.best_trial_number is not None:
+        best = BestTrial(
+            number=study.best_trial_number,
+            value=study.best_value,
+            schedule_summary=schedule_summary,
+        )
+    return {
+        "id": study.id,
+        "name": study.name,
+        "owner": study.owner,
+        "task": study.task,
+        "status": study.status,
+        "cancel_requested": study.cancel_requested,
+        "progress": Progress(
+            budget=study.budget,
+            trials_done=study.trials_done,
+            trials_running=study.trials_running,
+            trials_remaining=study.trials_remaining,
+        ),
+        "best": best,
+        "created_at": study.created_at,
+        "started_at": study.started_at,
+        "finished_at": study.finished_at,
+        "heartbeat_at": study.heartbeat_at,
+        "worker_id": study.worker_id,
+        "attempts": study.attempts,
+        "error": study.error,
+    }
+
+
+class PageOut(Schema):
+    total: int = Field(description="Items matching the filters, over all pages.")
+    limit: int
+    offset: int
+
+
+class StudyPage(PageOut):
+    items: list[StudyOut]
+
+
+# --- trials -------------------------------------------------------------------------------
+
+
+class TrialOut(Schema):
+    id: int
+    study_id: int
+    number: int
+    baseline: str | None = Field(description="Baseline name, or null for a tuned trial.")
+    status: TrialStatus
+    stop_reason: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    epochs_done: int
+    val_accuracy: float | None
+    val_loss: float | None
+    steps: int | None
+    samples: int | None
+    wall_time_s: float | None
+    mean_batch_size: float | None
+    objective_values: dict[str, float | None] | None
+    schedule_summary: str | None
+    schedule: dict[str, Any]
+    params: dict[str, Any]
+
+    @classmethod
+    def from_record(cls, trial: TrialRecord) -> TrialOut:
+        return cls(
+            id=trial.id,
+            study_id=trial.study_id,
+            number=trial.number,
+            baseline=trial.baseline,
+            status=trial.status,
+            stop_reason=trial.stop_reason,
+            started_at=trial.started_at,
+            finished_at=trial.finished_at,
+            epochs_done=trial.epochs_done,
+            val_accuracy=trial.val_accuracy,
+            val_loss=trial.val_loss,
+            steps=trial.steps,
+            samples=trial.samples,
+            wall_time_s=trial.wall_time_s,
+            mean_batch_size=trial.mean_batch_size,
+            objective_values=trial.objective_values,
+            schedule_summary=schedule_summary(trial.schedule),
+            schedule=trial.schedule,
+            params=trial.params,
+        )
+
+
+class TrialPage(PageOut):
+    items: list[TrialOut]
+
+
+class EpochOut(Schema):
+    epoch: int
+    val_accuracy: float | None
+    val_loss: float | None
+    train_loss: float | None
+    epoch_time_s: float | None
+    samples_per_s: float | None
+    steps: int | None
+    samples: int | None
+    batch_size: int | None
+    lr: float | None
+    noise_scale: float | None
+    extra: dict[str, Any]
+
+    @classmethod
+    def from_record(cls, m: EpochMetrics) -> EpochOut:
+        return cls(
+            epoch=m.epoch,
+            val_accuracy=m.val_accuracy,
+            val_loss=m.val_loss,
+            train_loss=m.train_loss,
+            epoch_time_s=m.epoch_time_s,
+            samples_per_s=m.samples_per_s,
+            steps=m.steps,
+            samples=m.samples,
+            batch_size=m.batch_size,
+            lr=m.lr,
+            noise_scale=m.noise_scale,
+            extra=m.extra,
+        )
+
+
+class TrialMetricsOut(Schema):
+    """One trial's per-epoch metrics, in epoch order."""
+
+    study_id: int
+    trial_id: int
+    number: int
+    baseline: str | None
+    status: TrialStatus
+    epochs: list[EpochOut]
+
+
+class StudyMetricsOut(Schema):
+    """Every trial's per-epoch metrics of one study, in trial-number order."""
+
+    study_id: int
+    trials: list[TrialMetricsOut]
+
+
+# --- service ------------------------------------------------------------------------------
+
+
+class TasksOut(Schema):
+    tasks: list[str] = Field(description="Registered task names a spec may use.")
+
+
+class HealthOut(Schema):
+    status: Literal["ok"]
+    version: str
+    database: Literal["ok"]
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for error statuses, all with the :class:`ErrorBody`."""
+    return {status: {"model": ErrorBody} for status in statuses}

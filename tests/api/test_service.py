@@ -1,0 +1,198 @@
+"""Service endpoints (tasks, health, OpenAPI), the one error body for framework errors
+(unknown routes, wrong methods, crashes) and the request size limit."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+from starlette.types import Message, Scope
+
+from api.app import create_app
+from tests.api.conftest import (
+    SPEC_YAML,
+    STUDIES,
+    TestClient,
+    assert_error,
+    error_message,
+    make_settings,
+    open_client,
+)
+from tuner import __version__
+from tuner.store import StudyStore
+from tuner.tasks import available_tasks
+
+
+def test_tasks_lists_registered_names(client: TestClient) -> None:
+    r = client.get("/api/v1/tasks")
+    assert r.status_code == 200
+    assert r.json() == {"tasks": available_tasks()}
+    assert "digits" in r.json()["tasks"]
+
+
+def test_health_reports_database_and_version(client: TestClient) -> None:
+    r = client.get("/api/v1/health")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "version": __version__, "database": "ok"}
+
+
+def test_health_is_503_when_the_database_is_unreachable() -> None:
+    settings = make_settings("postgresql+psycopg://postgres@127.0.0.1:1/nowhere?connect_timeout=2")
+    with open_client(settings) as client:
+        r = client.get("/api/v1/health")
+    assert r.status_code == 503
+    error = assert_error(r.json(), "unavailable")
+    assert "127.0.0.1" not in str(error["message"])  # no connection details leak out
+
+
+def test_openapi_documents_every_endpoint_and_the_spec(client: TestClient) -> None:
+    r = client.get("/openapi.json")
+    assert r.status_code == 200
+    document = r.json()
+    paths = document["paths"]
+    expected = {
+        ("post", "/api/v1/studies"),
+        ("get", "/api/v1/studies"),
+        ("get", "/api/v1/studies/{study_id}"),
+        ("delete", "/api/v1/studies/{study_id}"),
+        ("post", "/api/v1/studies/{study_id}/cancel"),
+        ("get", "/api/v1/studies/{study_id}/schedule.yaml"),
+        ("get", "/api/v1/studies/{study_id}/trials"),
+        ("get", "/api/v1/studies/{study_id}/trials/{number}"),
+        ("get", "/api/v1/studies/{study_id}/trials/{number}/metrics"),
+        ("get", "/api/v1/studies/{study_id}/trials/{number}/schedule.yaml"),
+        ("get", "/api/v1/studies/{study_id}/metrics"),
+        ("get", "/api/v1/tasks"),
+        ("get", "/api/v1/health"),
+    }
+    assert {(m, p) for p, ops in paths.items() for m in ops} == expected
+    body = paths["/api/v1/studies"]["post"]["requestBody"]["content"]
+    assert set(body) >= {"application/json", "application/yaml"}
+    # Every $ref in the document resolves (the StudySpec schemas were added to components).
+    schemas = document["components"]["schemas"]
+    refs = set(_refs(document))
+    assert "#/components/schemas/StudySpec" in refs
+    for ref in refs:
+        assert ref.removeprefix("#/components/schemas/") in schemas, ref
+    assert "ErrorBody" in schemas
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref":
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+
+
+def test_docs_page_is_served(client: TestClient) -> None:
+    r = client.get("/docs")
+    assert r.status_code == 200
+    assert "swagger" in r.text.lower()
+
+
+def test_unknown_route_and_wrong_method_have_the_error_body(client: TestClient) -> None:
+    r = client.get("/api/v1/nothing-here")
+    assert r.status_code == 404
+    assert "/api/v1/nothing-here" in str(error_message(r.json(), "not_found"))
+    r = client.put(STUDIES, content="x")
+    assert r.status_code == 405
+    assert_error(r.json(), "method_not_allowed")
+
+
+class BrokenStore(StudyStore):
+    def list_studies(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("boom: secret internals")
+
+
+def test_crash_is_500_with_the_error_body_and_no_internals(url: str) -> None:
+    with (
+        BrokenStore(url) as store,
+        TestClient(
+            create_app(settings=make_settings(url), store=store), raise_server_exceptions=False
+        ) as client,
+    ):
+        r = client.get(STUDIES)
+    assert r.status_code == 500
+    error = assert_error(r.json(), "internal_error")
+    assert "secret" not in str(error["message"])
+
+
+# -- request size limit ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_client(url: str) -> Iterator[TestClient]:
+    with open_client(make_settings(url, max_request_bytes=2000)) as c:
+        yield c
+
+
+def padded_spec(size: int) -> bytes:
+    body = SPEC_YAML.encode()
+    return body + b"#" * (size - len(body) - 1) + b"\n"
+
+
+def test_body_over_the_limit_is_413_and_creates_nothing(
+    small_client: TestClient, store: StudyStore
+) -> None:
+    r = small_client.post(STUDIES, content=padded_spec(2001), headers={"Content-Type": "text/yaml"})
+    assert r.status_code == 413
+    assert "2000 bytes" in str(error_message(r.json(), "request_too_large"))
+    assert store.list_studies().total == 0
+    r = small_client.post(STUDIES, content=padded_spec(2000), headers={"Content-Type": "text/yaml"})
+    assert r.status_code == 201
+
+
+def test_streamed_body_without_length_is_counted(
+    small_client: TestClient, store: StudyStore
+) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield SPEC_YAML.encode()
+        for _ in range(10):
+            yield b"#" * 500 + b"\n"
+
+    r = small_client.post(STUDIES, content=chunks(), headers={"Content-Type": "text/yaml"})
+    assert r.status_code == 413
+    assert_error(r.json(), "request_too_large")
+    assert store.list_studies().total == 0
+
+
+def test_declared_length_over_the_limit_is_refused_before_reading(url: str) -> None:
+    """The app answers 413 without receiving a single body chunk."""
+    app = create_app(settings=make_settings(url, max_request_bytes=1000))
+    received: list[object] = []
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        received.append(True)
+        return {"type": "http.request", "body": b"x" * 1000, "more_body": True}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope: Scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": STUDIES,
+        "raw_path": STUDIES.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-length", str(10**9).encode()), (b"host", b"test")],
+        "client": ("127.0.0.1", 1),
+        "server": ("test", 80),
+    }
+    anyio.run(app, scope, receive, send)
+    assert received == []
+    assert sent[0]["status"] == 413
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    assert json.loads(body)["error"]["code"] == "request_too_large"
