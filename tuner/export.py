@@ -224,6 +224,7 @@ def build_provenance(
             "val_loss": _float_or_none(trial.val_loss),
             "steps": _int_or_none(trial.steps),
             "samples": _int_or_none(trial.samples),
+            "epochs_done": _int_or_none(trial.epochs_done),
             "wall_time_s": _float_or_none(trial.wall_time_s),
             "mean_batch_size": _float_or_none(trial.mean_batch_size),
         },

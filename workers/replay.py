@@ -1,0 +1,279 @@
+"""Replay: train an exported schedule once, with the same code that ran the study's trials.
+
+``stagetune replay SCHEDULE.yaml --task NAME`` checks that a schedule reproduces outside the
+study: it starts a gang of data-parallel workers (:class:`workers.gang.Gang`, the trial loop
+:class:`workers.loop.TrialWorker`: the same data, model, seeds, placement and per-step LR as a
+trial), trains every epoch of the schedule, and reports the final validation accuracy next to
+the one recorded in the YAML's provenance (the difference in percentage points).
+
+Defaults come from the provenance when the YAML was exported by stagetune: the task options,
+the seed, and the world size and micro-batch the trial was tuned on. With the same seed and
+workers a replay is a re-run of the trial, so the accuracies agree up to floating-point
+non-determinism (well within a point); other workers or micro-batches train the same schedule
+with a different data split and reduction order.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.errors import ValidationError
+from tuner.schedule import Schedule
+
+__all__ = ["ReplayResult", "replay", "replay_config"]
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What a replay trained and how it compares with the recorded trial."""
+
+    task: str
+    task_options: dict[str, Any]
+    seed: int
+    workers: int
+    micro_batch: int | None
+    epochs: tuple[dict[str, Any], ...]
+    """Rank 0's metrics of every epoch (keys of :meth:`workers.loop.TrialWorker.train_epoch`)."""
+    wall_time_s: float
+    recorded_val_accuracy: float | None
+    """The trial's final validation accuracy from the YAML's provenance (None if absent)."""
+    recorded_from: str | None
+    """``"study 3, trial 7"`` when the provenance names them."""
+    notes: tuple[str, ...] = field(default=())
+    """Why the replay may differ from the recorded trial (other task, seed, workers...)."""
+    recorded_epochs: int | None = None
+    """Epochs the recorded trial trained, when fewer than the schedule's (stopped early): the
+    comparison then uses the replay's accuracy after as many epochs."""
+
+    @property
+    def val_accuracy(self) -> float | None:
+        """Final validation accuracy of the replay (None when no epoch finished)."""
+        return self._accuracy_after(len(self.epochs))
+
+    def _accuracy_after(self, epochs: int) -> float | None:
+        if not 0 < epochs <= len(self.epochs):
+            return None
+        value = self.epochs[epochs - 1].get("val_accuracy")
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def compared_val_accuracy(self) -> float | None:
+        """The replay's accuracy compared with the recorded one (after the same epochs)."""
+        if self.recorded_epochs is not None:
+            return self._accuracy_after(self.recorded_epochs)
+        return self.val_accuracy
+
+    @property
+    def diverged(self) -> bool:
+        return bool(self.epochs and self.epochs[-1].get("diverged"))
+
+    @property
+    def difference_points(self) -> float | None:
+        """Replayed minus recorded accuracy, in percentage points."""
+        got = self.compared_val_accuracy
+        if got is None or self.recorded_val_accuracy is None:
+            return None
+        return 100.0 * (got - self.recorded_val_accuracy)
+
+    def summary(self) -> str:
+        """One line for the terminal."""
+        got = self.val_accuracy
+        replayed = "no finished epoch" if got is None else f"{100 * got:.2f}%"
+        if self.diverged:
+            replayed += " (diverged)"
+        line = f"replayed val accuracy {replayed}"
+        diff = self.difference_points
+        if self.recorded_val_accuracy is not None and diff is not None:
+            where = f" ({self.recorded_from})" if self.recorded_from else ""
+            if self.recorded_epochs is not None:
+                then = self.compared_val_accuracy
+                assert then is not None
+                line += (
+                    f"; after {self.recorded_epochs} epochs (where the recorded trial stopped) "
+                    f"{100 * then:.2f}%"
+                )
+            line += f", recorded {100 * self.recorded_val_accuracy:.2f}%{where}: {diff:+.2f} points"
+        else:
+            line += ", no recorded accuracy to compare with"
+        return line
+
+
+def _provenance(schedule: Schedule) -> Mapping[str, Any]:
+    prov = schedule.provenance
+    return prov if isinstance(prov, Mapping) else {}
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def replay_config(
+    schedule: Schedule,
+    task: str | None = None,
+    *,
+    seed: int | None = None,
+    workers: int | None = None,
+    micro_batch: int | None = None,
+    task_options: Mapping[str, Any] | None = None,
+    cpus_per_worker: float = 1.0,
+    gpus_per_worker: float = 0.0,
+) -> tuple[dict[str, Any], list[str]]:
+    """The trial config (:class:`workers.loop.TrialSpec` keys) of a replay, and notes on what
+    differs from the recorded trial. Unset arguments default to the provenance."""
+    prov = _provenance(schedule)
+    notes: list[str] = []
+    recorded_task = prov.get("task") if isinstance(prov.get("task"), str) else None
+    name = task or recorded_task
+    if not name:
+        raise ValidationError(
+            "the schedule's provenance names no task; pass --task NAME (see `stagetune tasks`)"
+        )
+    same_task = recorded_task == name
+    if recorded_task and not same_task:
+        notes.append(
+            f"the schedule was tuned on task {recorded_task!r}, not {name!r}: the recorded "
+            "accuracy is not comparable"
+        )
+    options: dict[str, Any] = {}
+    if task_options is not None:
+        options = dict(task_options)
+    elif same_task and isinstance(prov.get("task_options"), Mapping):
+        options = dict(prov["task_options"])
+    tuned = prov.get("tuned_on") if isinstance(prov.get("tuned_on"), Mapping) else {}
+    assert isinstance(tuned, Mapping)
+    hint = schedule.placement
+    recorded_seed = _int(prov.get("seed"))
+    recorded_workers = _int(tuned.get("world_size")) or (hint.world_size if hint else None)
+    recorded_micro = _int(tuned.get("micro_batch"))
+    if recorded_micro is None and "micro_batch" not in tuned and hint is not None:
+        recorded_micro = hint.micro_batch
+    use_seed = seed if seed is not None else (recorded_seed if recorded_seed is not None else 0)
+    use_workers = workers if workers is not None else (recorded_workers or 1)
+    use_micro = micro_batch if micro_batch is not None else recorded_micro
+    if recorded_seed is not None and use_seed != recorded_seed:
+        notes.append(f"seed {use_seed} differs from the trial's seed {recorded_seed}")
+    if recorded_workers is not None and use_workers != recorded_workers:
+        notes.append(
+            f"{use_workers} workers instead of the {recorded_workers} the trial ran on: the "
+            "same global batches, but another split and reduction order"
+        )
+    if micro_batch is not None and micro_batch != recorded_micro:
+        notes.append(f"micro-batch {micro_batch} instead of the trial's {recorded_micro}")
+    document = schedule.to_dict()
+    document.pop("provenance", None)
+    config = {
+        "schedule": document,
+        "task": name,
+        "task_options": options,
+        "seed": use_seed,
+        "workers": use_workers,
+        "cpus_per_worker": cpus_per_worker,
+        "gpus_per_worker": gpus_per_worker,
+        "micro_batch": use_micro,
+        "performance_aware": False,
+    }
+    return config, notes
+
+
+def replay(
+    schedule: Schedule,
+    task: str | None = None,
+    *,
+    seed: int | None = None,
+    workers: int | None = None,
+    micro_batch: int | None = None,
+    task_options: Mapping[str, Any] | None = None,
+    cpus_per_worker: float = 1.0,
+    gpus_per_worker: float = 0.0,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+) -> ReplayResult:
+    """Train ``schedule`` once on a gang of Ray workers and compare with the provenance.
+
+    Uses the running Ray instance, or starts a local one (enough CPUs for the workers) and
+    shuts it down afterwards. ``on_epoch`` receives rank 0's metrics after every epoch. Stops
+    early when the run diverges.
+    """
+    import ray
+
+    from workers.gang import Gang
+    from workers.loop import TrialWorker
+
+    config, notes = replay_config(
+        schedule,
+        task,
+        seed=seed,
+        workers=workers,
+        micro_batch=micro_batch,
+        task_options=task_options,
+        cpus_per_worker=cpus_per_worker,
+        gpus_per_worker=gpus_per_worker,
+    )
+    started_ray = False
+    if not ray.is_initialized():
+        need = math.ceil(config["workers"] * cpus_per_worker)
+        ray.init(
+            num_cpus=max(need, os.cpu_count() or 1),
+            include_dashboard=False,
+            configure_logging=False,
+            log_to_driver=False,
+        )
+        started_ray = True
+    epochs: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    try:
+        gang = Gang(
+            config["workers"],
+            TrialWorker,
+            cpus_per_worker=cpus_per_worker,
+            gpus_per_worker=gpus_per_worker,
+        )
+        try:
+            gang.call("configure", config)
+            for epoch in range(schedule.total_epochs):
+                metrics = dict(gang.call("train_epoch", epoch)[0])
+                epochs.append(metrics)
+                if on_epoch is not None:
+                    on_epoch(metrics)
+                if metrics.get("diverged"):
+                    break
+        finally:
+            gang.shutdown()
+    finally:
+        if started_ray:
+            ray.shutdown()
+    prov = _provenance(schedule)
+    metrics_rec = prov.get("metrics") if isinstance(prov.get("metrics"), Mapping) else {}
+    assert isinstance(metrics_rec, Mapping)
+    recorded = metrics_rec.get("val_accuracy")
+    comparable = not any("not comparable" in n for n in notes)
+    recorded_epochs = _int(metrics_rec.get("epochs_done"))
+    if recorded_epochs is not None and not 0 < recorded_epochs < schedule.total_epochs:
+        recorded_epochs = None
+    if recorded_epochs is not None:
+        notes.append(
+            f"the recorded trial stopped after {recorded_epochs} of {schedule.total_epochs} "
+            "epochs; its accuracy is compared with the replay's after as many epochs"
+        )
+    recorded_from = None
+    if prov.get("study_id") is not None and prov.get("trial_number") is not None:
+        recorded_from = f"study {prov['study_id']}, trial {prov['trial_number']}"
+    return ReplayResult(
+        task=config["task"],
+        task_options=config["task_options"],
+        seed=config["seed"],
+        workers=config["workers"],
+        micro_batch=config["micro_batch"],
+        epochs=tuple(epochs),
+        wall_time_s=time.perf_counter() - started,
+        recorded_val_accuracy=(
+            float(recorded) if comparable and isinstance(recorded, int | float) else None
+        ),
+        recorded_from=recorded_from,
+        notes=tuple(notes),
+        recorded_epochs=recorded_epochs,
+    )
