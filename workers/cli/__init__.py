@@ -8,6 +8,7 @@ from __future__ import annotations
 from workers.cli.app import app, main
 
 # Command modules register their commands on `app` when imported.
+from workers.cli import export as _export  # noqa: F401  (export, replay)
 from workers.cli import local as _local  # noqa: F401  (tune, demo)
 
 __all__ = ["app", "main"]
