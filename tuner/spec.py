@@ -361,7 +361,7 @@ class Budget(_Model):
 
 class Resources(_Model):
     workers: int = Field(default=1, ge=1, le=1024, description="Data-parallel workers per trial.")
-    cpus_per_worker: float = Field(default=1.0, ge=0, le=256, allow_inf_nan=False)
+    cpus_per_worker: float = Field(default=1.0, gt=0, le=256, allow_inf_nan=False)
     gpus_per_worker: float = Field(
         default=0.0,
         ge=0,
@@ -378,12 +378,6 @@ class Resources(_Model):
     performance_aware: bool = Field(
         default=False, description="Split each batch across workers by measured throughput."
     )
-
-    @model_validator(mode="after")
-    def _some_resources(self) -> Self:
-        if self.cpus_per_worker == 0 and self.gpus_per_worker == 0:
-            raise ValueError("a worker needs cpus_per_worker > 0 or gpus_per_worker > 0")
-        return self
 
     @property
     def batch_unit(self) -> int:

@@ -1,0 +1,203 @@
+"""Objectives: per-epoch reports -> objective values, trial outcomes, the study's result."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.objectives import (
+    StudyObjective,
+    TrialOutcome,
+    pareto_front,
+    select_best,
+    summarize,
+    trial_status,
+)
+from tuner.spec import StudySpec
+
+
+def objective(yaml_objective: str, epochs: int = 10) -> StudyObjective:
+    spec = StudySpec.from_yaml(f"task: mnist1d\nobjective: {yaml_objective}")
+    return StudyObjective.of(spec, epochs)
+
+
+def report(
+    epoch: int, acc: float, steps: int, wall: float = 1.0, **extra: object
+) -> dict[str, object]:
+    return {
+        "training_iteration": epoch,
+        "epoch": epoch - 1,
+        "val_accuracy": acc,
+        "steps": steps,
+        "samples": steps * 64,
+        "wall_time_s": wall,
+        "diverged": False,
+        **extra,
+    }
+
+
+def outcome(
+    number: int,
+    values: tuple[float, ...] | None,
+    *,
+    baseline: str | None = None,
+    status: str = "completed",
+    steps: int = 100,
+    feasible: bool = True,
+    acc: float | None = None,
+) -> TrialOutcome:
+    return TrialOutcome(
+        number=number,
+        baseline=baseline,
+        schedule={},
+        status=status,  # type: ignore[arg-type]
+        val_accuracy=acc if acc is not None else (values[0] if values else None),
+        steps=steps,
+        samples=steps * 64,
+        values=values,
+        feasible=feasible,
+    )
+
+
+def test_accuracy_objective_maximises_the_final_accuracy() -> None:
+    obj = objective("{kind: accuracy}")
+    assert obj.names == ("val_accuracy",)
+    assert obj.directions == ("maximize",)
+    assert obj.scheduler_metric == "val_accuracy"
+    assert obj.values(report(10, 0.91, 500)) == (0.91,)
+    assert obj.values({"training_iteration": 3}) is None  # nothing to score
+    assert obj.is_finished_run(report(10, 0.5, 1))
+    assert not obj.is_finished_run(report(9, 0.9, 1))
+
+
+def test_time_to_accuracy_scores_cost_at_the_target_and_penalises_misses() -> None:
+    obj = objective("{kind: time_to_accuracy, target_accuracy: 0.9, cost: steps}")
+    assert obj.names == ("steps_to_target",)
+    assert obj.directions == ("minimize",)
+    hit = report(4, 0.92, 400)
+    assert obj.reached_target(hit)
+    assert obj.is_finished_run(hit)
+    assert obj.values(hit) == (400.0,)
+    # Never reached after the whole run: 2 x (cost) x (1 + shortfall 0.1).
+    miss = report(10, 0.8, 1000)
+    assert obj.values(miss) == pytest.approx((2 * 1000 * 1.1,))
+    # A near miss ranks better than a far one at the same cost...
+    assert obj.values(report(10, 0.89, 1000)) < obj.values(miss)  # type: ignore[operator]
+    # ...and every miss ranks worse than a hit that took the whole run.
+    assert obj.values(report(10, 0.9, 1000))[0] < obj.values(report(10, 0.89, 1000))[0]  # type: ignore[index]
+    # Stopped early (ASHA): the cost is projected to the whole run.
+    assert obj.values(report(5, 0.5, 500)) == pytest.approx((2 * 1000 * 1.4,))
+    wall = objective("{kind: time_to_accuracy, target_accuracy: 0.9, cost: wall_time}")
+    assert wall.values(report(3, 0.95, 400, wall=12.5)) == (12.5,)
+
+
+def test_pareto_objective_has_two_values_and_no_early_stopping() -> None:
+    obj = objective("{kind: pareto, cost: steps}")
+    assert obj.names == ("val_accuracy", "steps")
+    assert obj.directions == ("maximize", "minimize")
+    assert obj.is_multi
+    assert obj.scheduler_metric is None
+    assert obj.values(report(10, 0.9, 321)) == (0.9, 321.0)
+
+
+@pytest.mark.parametrize(
+    ("result", "error", "status", "reason"),
+    [
+        (report(10, 0.9, 10), False, "completed", "trained all 10 epochs"),
+        (report(4, 0.6, 10), False, "stopped", "stopped early after 4 of 10 epochs"),
+        (report(2, 0.1, 10, diverged=True), False, "diverged", "non-finite in epoch 2"),
+        (report(3, 0.5, 10), True, "failed", "raised"),
+        (None, True, "failed", "raised"),
+    ],
+)
+def test_trial_status_tells_how_a_trial_ended(
+    result: dict[str, object] | None, error: bool, status: str, reason: str
+) -> None:
+    got_status, got_reason = trial_status(objective("{kind: accuracy}"), result, error=error)
+    assert got_status == status
+    assert reason in got_reason
+
+
+def test_reaching_the_target_early_is_a_completed_trial() -> None:
+    obj = objective("{kind: time_to_accuracy, target_accuracy: 0.8}")
+    assert trial_status(obj, report(3, 0.85, 10), error=False)[0] == "completed"
+
+
+def test_best_is_the_best_completed_tuned_trial() -> None:
+    obj = objective("{kind: accuracy}")
+    outcomes = [
+        outcome(0, (0.90,), baseline="small_batch"),
+        outcome(1, (0.80,), baseline="large_batch"),
+        outcome(3, (0.95,), status="stopped"),  # ASHA-stopped: never the result
+        outcome(4, (0.91,), steps=300),
+        outcome(5, (0.91,), steps=200),  # tie on accuracy: fewer steps wins
+        outcome(6, (0.99,), feasible=False),
+    ]
+    best, is_baseline = select_best(outcomes, obj)
+    assert best is not None
+    assert best.number == 5
+    assert not is_baseline
+
+
+def test_a_baseline_is_the_result_only_when_nothing_beats_it() -> None:
+    obj = objective("{kind: accuracy}")
+    base = outcome(0, (0.92,), baseline="small_batch")
+    best, is_baseline = select_best([base, outcome(3, (0.90,))], obj)
+    assert best is base
+    assert is_baseline
+    best, is_baseline = select_best([base, outcome(3, (0.90,), status="stopped")], obj)
+    assert best is base
+    assert is_baseline
+    best, is_baseline = select_best([base, outcome(3, (0.93,))], obj)
+    assert best is not None
+    assert best.number == 3
+    assert not is_baseline
+    assert select_best([outcome(3, None, status="failed")], obj) == (None, False)
+
+
+def test_time_to_accuracy_best_is_the_cheapest() -> None:
+    obj = objective("{kind: time_to_accuracy, target_accuracy: 0.9}")
+    outcomes = [outcome(3, (500.0,), acc=0.91), outcome(4, (300.0,), acc=0.9)]
+    best, _ = select_best(outcomes, obj)
+    assert best is not None
+    assert best.number == 4
+
+
+def test_pareto_front_and_recommended_member() -> None:
+    obj = objective("{kind: pareto, accuracy_tolerance: 0.01}")
+    outcomes = [
+        outcome(3, (0.95, 900.0)),
+        outcome(4, (0.945, 400.0)),  # within 0.01 of the top, much cheaper: recommended
+        outcome(5, (0.90, 100.0)),
+        outcome(6, (0.89, 500.0)),  # dominated by 4 and 5
+        outcome(7, (0.99, 50.0), status="stopped"),
+    ]
+    assert [o.number for o in pareto_front(outcomes, obj)] == [3, 4, 5]
+    best, is_baseline = select_best(outcomes, obj)
+    assert best is not None
+    assert best.number == 4
+    assert not is_baseline
+    summary = summarize(outcomes, obj)
+    assert [row["number"] for row in summary["pareto_front"]] == [3, 4, 5]
+
+
+def test_summary_compares_the_best_with_each_baseline() -> None:
+    obj = objective("{kind: accuracy}")
+    outcomes = [
+        outcome(0, (0.90,), baseline="small_batch", steps=1000),
+        outcome(1, (0.85,), baseline="large_batch", steps=100),
+        outcome(2, (0.91,), baseline="increase_batch", steps=500),
+        outcome(3, (0.92,), steps=250),
+        outcome(4, None, status="failed"),
+    ]
+    summary = summarize(outcomes, obj, extra={"budget": 5})
+    assert summary["best"]["number"] == 3
+    assert summary["best_is_baseline"] is False
+    assert summary["trials"] == {"total": 5, "completed": 4, "failed": 1}
+    assert summary["budget"] == 5
+    by_name = {row["baseline"]: row for row in summary["baselines"]}
+    assert list(by_name) == ["small_batch", "large_batch", "increase_batch"]
+    small = by_name["small_batch"]["vs_best"]
+    assert small["accuracy_delta"] == pytest.approx(0.02)
+    assert small["steps_ratio"] == pytest.approx(0.25)
+    assert by_name["large_batch"]["mean_batch_size"] == 64
+    assert "tuned trial 3" in summary["note"]

@@ -1,0 +1,368 @@
+"""Objectives: how a trial's per-epoch metrics become the value(s) the tuner optimises.
+
+The trainable reports, every epoch, cumulative ``steps``, ``samples`` and ``wall_time_s``
+(training time so far) next to ``val_accuracy``; Tune adds ``training_iteration`` (epochs
+done). An objective reads the **last** report of a trial:
+
+* ``accuracy``: maximise the final ``val_accuracy``. Constraints (mean batch size, total
+  steps) follow from the schedule and the dataset size, so they are checked when a schedule
+  is sampled: a violating schedule is **not trained**; it is told to Optuna as an infeasible
+  trial (``Trial.set_constraint``), which TPE and NSGA-II use to steer away from it.
+  ASHA compares ``val_accuracy`` at its rungs.
+* ``time_to_accuracy``: minimise the cost (cumulative ``steps`` or ``wall_time_s``) at the
+  first epoch whose ``val_accuracy`` reaches the target; the trial stops there. A trial that
+  never reaches it costs ``penalty_factor x (its cost projected to the whole run) x
+  (1 + shortfall)``, so nearer misses rank better. ASHA compares ``val_accuracy``.
+* ``pareto``: maximise ``val_accuracy`` and minimise the cost, both at the end of the run; no
+  ASHA (a multi-objective study has no single metric to cut on).
+
+A trial's outcome (:func:`trial_status`): ``failed`` (it raised), ``diverged`` (non-finite
+loss), ``completed`` (all epochs, or the target reached), else ``stopped`` (ASHA or a cancel
+ended it early). Only completed trials are eligible as the study's result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tuner.spec import (
+    AccuracyObjective,
+    ParetoObjective,
+    StudySpec,
+    TimeToAccuracyObjective,
+)
+
+__all__ = [
+    "ObjectiveSpec",
+    "StudyObjective",
+    "TrialOutcome",
+    "epochs_done",
+    "pareto_front",
+    "select_best",
+    "summarize",
+    "trial_status",
+]
+
+ObjectiveSpec = AccuracyObjective | TimeToAccuracyObjective | ParetoObjective
+Direction = Literal["maximize", "minimize"]
+TrialStatusName = Literal["running", "completed", "stopped", "diverged", "failed"]
+
+COST_KEYS: dict[str, str] = {"steps": "steps", "wall_time": "wall_time_s"}
+
+
+def epochs_done(result: Mapping[str, Any]) -> int:
+    """Epochs a trial has trained, from its last report (0 if none)."""
+    it = result.get("training_iteration")
+    if isinstance(it, int) and not isinstance(it, bool):
+        return it
+    epoch = result.get("epoch")
+    if isinstance(epoch, int) and not isinstance(epoch, bool):
+        return epoch + 1
+    return 0
+
+
+def _number(result: Mapping[str, Any], key: str) -> float | None:
+    value = result.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class StudyObjective:
+    """An objective of a spec, bound to the run's length."""
+
+    spec: ObjectiveSpec
+    total_epochs: int
+
+    @classmethod
+    def of(cls, spec: StudySpec, total_epochs: int) -> StudyObjective:
+        return cls(spec=spec.objective, total_epochs=total_epochs)
+
+    # ------------------------------------------------------------------ description
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Names of the objective values (as stored in ``objective_values`` and Optuna)."""
+        if isinstance(self.spec, AccuracyObjective):
+            return ("val_accuracy",)
+        if isinstance(self.spec, TimeToAccuracyObjective):
+            return (f"{self.spec.cost}_to_target",)
+        return ("val_accuracy", self.spec.cost)
+
+    @property
+    def directions(self) -> tuple[Direction, ...]:
+        if isinstance(self.spec, AccuracyObjective):
+            return ("maximize",)
+        if isinstance(self.spec, TimeToAccuracyObjective):
+            return ("minimize",)
+        return ("maximize", "minimize")
+
+    @property
+    def is_multi(self) -> bool:
+        return len(self.directions) > 1
+
+    @property
+    def scheduler_metric(self) -> str | None:
+        """The metric ASHA compares at its rungs (``None``: no early stopping)."""
+        return None if self.is_multi else "val_accuracy"
+
+    @property
+    def cost_key(self) -> str | None:
+        if isinstance(self.spec, TimeToAccuracyObjective | ParetoObjective):
+            return COST_KEYS[self.spec.cost]
+        return None
+
+    # ------------------------------------------------------------------ per trial
+
+    def reached_target(self, result: Mapping[str, Any]) -> bool:
+        """Time-to-accuracy: whether this report reaches the target accuracy."""
+        if not isinstance(self.spec, TimeToAccuracyObjective):
+            return False
+        acc = _number(result, "val_accuracy")
+        return acc is not None and acc >= self.spec.target_accuracy
+
+    def is_finished_run(self, result: Mapping[str, Any]) -> bool:
+        """Whether the trial's run is complete after this report (all epochs or target)."""
+        return epochs_done(result) >= self.total_epochs or self.reached_target(result)
+
+    def values(self, result: Mapping[str, Any]) -> tuple[float, ...] | None:
+        """The objective value(s) of a trial whose last report is ``result``; ``None`` when the
+        report lacks what they need (no accuracy, no cost)."""
+        acc = _number(result, "val_accuracy")
+        if acc is None:
+            return None
+        if isinstance(self.spec, AccuracyObjective):
+            return (acc,)
+        cost_key = self.cost_key
+        assert cost_key is not None
+        cost = _number(result, cost_key)
+        if cost is None:
+            return None
+        if isinstance(self.spec, ParetoObjective):
+            return (acc, cost)
+        if self.reached_target(result):
+            return (cost,)
+        done = max(1, epochs_done(result))
+        projected = cost * self.total_epochs / done
+        shortfall = max(0.0, self.spec.target_accuracy - acc)
+        return (self.spec.penalty_factor * projected * (1.0 + shortfall),)
+
+    def infeasible_values(self) -> tuple[float, ...]:
+        """Values told to Optuna for a schedule rejected by a constraint (never trained)."""
+        return tuple(0.0 for _ in self.directions)
+
+    def value_dict(self, values: Sequence[float] | None) -> dict[str, float | None]:
+        if values is None:
+            return dict.fromkeys(self.names)
+        return dict(zip(self.names, values, strict=True))
+
+    def sort_key(self, values: Sequence[float]) -> tuple[float, ...]:
+        """Smaller is better (for single-objective ranking)."""
+        return tuple(
+            -v if d == "maximize" else v for v, d in zip(values, self.directions, strict=True)
+        )
+
+
+def trial_status(
+    objective: StudyObjective, result: Mapping[str, Any] | None, *, error: bool
+) -> tuple[TrialStatusName, str]:
+    """How a trial ended (store status) and why, from its last report."""
+    result = result or {}
+    done = epochs_done(result)
+    if error:
+        return "failed", "the trial raised an error"
+    if result.get("diverged"):
+        return "diverged", f"the loss became non-finite in epoch {done}"
+    if objective.reached_target(result):
+        return "completed", f"reached the target accuracy after {done} epoch(s)"
+    if done >= objective.total_epochs:
+        return "completed", f"trained all {objective.total_epochs} epochs"
+    return "stopped", f"stopped early after {done} of {objective.total_epochs} epochs"
+
+
+# --------------------------------------------------------------------------------------------
+# Study results
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """One finished trial, as the study result compares it."""
+
+    number: int
+    baseline: str | None
+    schedule: dict[str, Any]
+    status: TrialStatusName
+    stop_reason: str | None = None
+    epochs_done: int = 0
+    val_accuracy: float | None = None
+    steps: int | None = None
+    samples: int | None = None
+    wall_time_s: float | None = None
+    values: tuple[float, ...] | None = None
+    feasible: bool = True
+    summary: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mean_batch_size(self) -> float | None:
+        if self.steps and self.samples is not None:
+            return self.samples / self.steps
+        return None
+
+    @property
+    def eligible(self) -> bool:
+        """Can be the study's result: ran to completion, met the constraints, has values."""
+        return self.status == "completed" and self.feasible and self.values is not None
+
+    def to_dict(self, objective: StudyObjective) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "baseline": self.baseline,
+            "schedule_summary": self.summary,
+            "status": self.status,
+            "stop_reason": self.stop_reason,
+            "epochs_done": self.epochs_done,
+            "val_accuracy": self.val_accuracy,
+            "steps": self.steps,
+            "samples": self.samples,
+            "wall_time_s": self.wall_time_s,
+            "mean_batch_size": self.mean_batch_size,
+            "feasible": self.feasible,
+            "objective_values": objective.value_dict(self.values),
+        }
+
+
+def pareto_front(outcomes: Sequence[TrialOutcome], objective: StudyObjective) -> list[TrialOutcome]:
+    """The non-dominated eligible outcomes (by the objective's directions), by number."""
+    pool = [o for o in outcomes if o.eligible]
+    keys = {o.number: objective.sort_key(o.values or ()) for o in pool}
+
+    def dominates(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+        return all(x <= y for x, y in zip(a, b, strict=True)) and a != b
+
+    return sorted(
+        (o for o in pool if not any(dominates(keys[p.number], keys[o.number]) for p in pool)),
+        key=lambda o: o.number,
+    )
+
+
+def _best_of(pool: Sequence[TrialOutcome], objective: StudyObjective) -> TrialOutcome | None:
+    if not pool:
+        return None
+    if objective.is_multi:
+        front = pareto_front(pool, objective)
+        assert isinstance(objective.spec, ParetoObjective)
+        top = max(o.values[0] for o in front if o.values)
+        near = [
+            o for o in front if o.values and o.values[0] >= top - objective.spec.accuracy_tolerance
+        ]
+        return min(near, key=lambda o: ((o.values or (0.0, 0.0))[1], o.number))
+
+    def key(o: TrialOutcome) -> tuple[float, ...]:
+        # Ties: fewer steps, then the lower number.
+        return (*objective.sort_key(o.values or ()), float(o.steps or 0), float(o.number))
+
+    return min(pool, key=key)
+
+
+def select_best(
+    outcomes: Sequence[TrialOutcome], objective: StudyObjective
+) -> tuple[TrialOutcome | None, bool]:
+    """The study's result and whether it is a baseline.
+
+    The best eligible tuned trial, unless no tuned trial is eligible or an eligible baseline
+    beats it, in which case that baseline is the result (and the second item is ``True``).
+    For a Pareto study, "best" is the cheapest front member within ``accuracy_tolerance`` of
+    the front's top accuracy.
+    """
+    eligible = [o for o in outcomes if o.eligible]
+    tuned = _best_of([o for o in eligible if o.baseline is None], objective)
+    if tuned is None:
+        base = _best_of([o for o in eligible if o.baseline is not None], objective)
+        return base, base is not None
+    base = _best_of([o for o in eligible if o.baseline is not None], objective)
+    if base is None:
+        return tuned, False
+    if objective.is_multi:
+        # The tuned pick stands unless a baseline dominates it.
+        front = pareto_front([tuned, base], objective)
+        return (tuned, False) if tuned in front else (base, True)
+    both = _best_of([tuned, base], objective)
+    return (tuned, False) if both is tuned else (base, True)
+
+
+def summarize(
+    outcomes: Sequence[TrialOutcome],
+    objective: StudyObjective,
+    *,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The study summary (stored as the study's ``summary`` JSON and printed by the CLI): the
+    result, its comparison with each baseline, and counts."""
+    best, is_baseline = select_best(outcomes, objective)
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    out: dict[str, Any] = {
+        "objective": {
+            "kind": objective.kind,
+            "names": list(objective.names),
+            "directions": list(objective.directions),
+            **objective.spec.model_dump(mode="json"),
+        },
+        "trials": {"total": len(outcomes), **counts},
+        "best": None if best is None else best.to_dict(objective),
+        "best_schedule": None if best is None else best.schedule,
+        "best_is_baseline": is_baseline,
+        "note": _note(best, is_baseline, outcomes),
+        "baselines": [],
+    }
+    for base in sorted((o for o in outcomes if o.baseline is not None), key=lambda o: o.number):
+        row = base.to_dict(objective)
+        if best is not None:
+            row["vs_best"] = _compare(best, base)
+        out["baselines"].append(row)
+    if objective.is_multi:
+        out["pareto_front"] = [o.to_dict(objective) for o in pareto_front(outcomes, objective)]
+    if extra:
+        out.update(extra)
+    return out
+
+
+def _note(best: TrialOutcome | None, is_baseline: bool, outcomes: Sequence[TrialOutcome]) -> str:
+    if best is None:
+        return "no trial completed its run; there is no result"
+    if is_baseline:
+        tuned = sum(1 for o in outcomes if o.baseline is None and o.eligible)
+        if tuned == 0:
+            return f"no tuned trial completed its run; the result is the {best.baseline} baseline"
+        return f"no tuned schedule beat the {best.baseline} baseline; the result is that baseline"
+    return f"the result is tuned trial {best.number}"
+
+
+def _compare(best: TrialOutcome, base: TrialOutcome) -> dict[str, float | None]:
+    def diff(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else a - b
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or not b else a / b
+
+    return {
+        "accuracy_delta": diff(best.val_accuracy, base.val_accuracy),
+        "steps_ratio": ratio(
+            None if best.steps is None else float(best.steps),
+            None if base.steps is None else float(base.steps),
+        ),
+        "wall_time_ratio": ratio(best.wall_time_s, base.wall_time_s),
+        "mean_batch_size_ratio": ratio(best.mean_batch_size, base.mean_batch_size),
+    }
