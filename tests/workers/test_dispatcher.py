@@ -1,0 +1,187 @@
+"""The dispatcher's mechanics against real databases (SQLite and PostgreSQL), with a stand-in
+runner (no Ray): claiming in order, ``once`` / ``max_studies``, heartbeats from the background
+thread, failures, take-over of a dead worker's study, and shutdown."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from tuner.schedule import Schedule, Stage
+from tuner.settings import Settings
+from tuner.store import StudyStatus, StudyStore, TrialStatus
+from tuner.store.migrate import upgrade
+from workers.dispatcher import Dispatcher, Heartbeat
+
+SPEC: dict[str, Any] = {"task": "digits", "baselines": False, "budget": {"trials": 1}}
+SCHEDULE = Schedule(stages=(Stage(0, 1, 32),), base_lr=0.1, base_batch_size=32).to_dict()
+
+
+def settings(**kw: Any) -> Settings:
+    values: dict[str, Any] = {"heartbeat_s": 0.05, "stale_after_s": 30.0, "poll_s": 0.05}
+    values.update(kw)
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[StudyStore]:
+    upgrade(db_url)
+    with StudyStore(db_url) as s:
+        yield s
+
+
+def queue(store: StudyStore, n: int) -> list[int]:
+    return [store.create_study("digits", SPEC, 1, name=f"s{i}").id for i in range(n)]
+
+
+class FakeRunner:
+    """Runs a study the way the real runner ends one: a trial, then the study completed."""
+
+    def __init__(self, work_s: float = 0.0, fail: BaseException | None = None) -> None:
+        self.work_s = work_s
+        self.fail = fail
+        self.calls: list[tuple[int, str]] = []
+        self.heartbeats: list[tuple[Any, Any]] = []
+
+    def __call__(self, store: StudyStore, study_id: int, worker_id: str) -> None:
+        self.calls.append((study_id, worker_id))
+        study = store.get_study(study_id)
+        assert study.status is StudyStatus.RUNNING
+        assert study.worker_id == worker_id
+        trial = store.create_trial(study_id, 0, SCHEDULE, {})
+        time.sleep(self.work_s)
+        after = store.get_study(study_id)
+        self.heartbeats.append((study.heartbeat_at, after.heartbeat_at))
+        if self.fail is not None:
+            raise self.fail
+        store.finish_trial(trial.id, TrialStatus.COMPLETED, final={"val_accuracy": 0.5})
+        store.finish_study(study_id, StudyStatus.COMPLETED, worker_id=worker_id)
+
+
+def test_runs_every_queued_study_once_oldest_first(store: StudyStore) -> None:
+    ids = queue(store, 3)
+    runner = FakeRunner()
+    dispatcher = Dispatcher(store, settings(), runner=runner, worker_id="w1", once=True)
+    stats = dispatcher.run()
+    assert stats.studies == ids
+    assert [c[0] for c in runner.calls] == ids
+    for study_id in ids:
+        study = store.get_study(study_id)
+        assert study.status is StudyStatus.COMPLETED
+        assert (study.attempts, study.worker_id) == (1, "w1")
+        assert store.list_trials(study_id).total == 1
+    assert dispatcher.run().studies == ids  # nothing left: a second pass claims nothing
+
+
+def test_max_studies_stops_after_that_many(store: StudyStore) -> None:
+    ids = queue(store, 3)
+    stats = Dispatcher(store, settings(), runner=FakeRunner(), max_studies=2).run()
+    assert stats.studies == ids[:2]
+    assert store.get_study(ids[2]).status is StudyStatus.QUEUED
+
+
+def test_heartbeats_from_a_background_thread_while_the_runner_works(store: StudyStore) -> None:
+    (study_id,) = queue(store, 1)
+    runner = FakeRunner(work_s=0.6)
+    Dispatcher(store, settings(heartbeat_s=0.1), runner=runner, once=True).run()
+    before, after = runner.heartbeats[0]
+    assert after - before >= timedelta(seconds=0.3)
+    assert store.get_study(study_id).status is StudyStatus.COMPLETED
+
+
+def test_runner_error_fails_the_study_with_the_message_and_goes_on(store: StudyStore) -> None:
+    first, second = queue(store, 2)
+
+    class FailFirst(FakeRunner):
+        def __call__(self, store: StudyStore, study_id: int, worker_id: str) -> None:
+            self.fail = RuntimeError("CUDA out of memory") if study_id == first else None
+            super().__call__(store, study_id, worker_id)
+
+    stats = Dispatcher(store, settings(), runner=FailFirst(), once=True).run()
+    assert stats.failed == [first]
+    failed = store.get_study(first)
+    assert failed.status is StudyStatus.FAILED
+    assert failed.error == "RuntimeError: CUDA out of memory"
+    assert store.get_trial(first, 0).status is TrialStatus.FAILED  # closed with the study
+    assert store.get_study(second).status is StudyStatus.COMPLETED
+
+
+def test_runner_returning_without_finishing_fails_the_study(store: StudyStore) -> None:
+    (study_id,) = queue(store, 1)
+    Dispatcher(store, settings(), runner=lambda s, i, w: None, once=True).run()
+    study = store.get_study(study_id)
+    assert study.status is StudyStatus.FAILED
+    assert study.error is not None
+    assert "without finishing" in study.error
+
+
+def test_takes_over_the_study_of_a_dead_worker(store: StudyStore) -> None:
+    (study_id,) = queue(store, 1)
+    assert store.claim_study("dead-worker", 30.0) is not None  # ... which then stops beating
+    runner = FakeRunner()
+    assert Dispatcher(store, settings(), runner=runner, once=True).run().studies == []
+
+    time.sleep(0.3)
+    dispatcher = Dispatcher(store, settings(stale_after_s=0.2), runner=runner, worker_id="w2")
+    assert dispatcher.run_one() is not None
+    study = store.get_study(study_id)
+    assert study.status is StudyStatus.COMPLETED
+    assert (study.worker_id, study.attempts) == ("w2", 2)
+    assert runner.calls == [(study_id, "w2")]
+
+
+def test_stop_ends_an_idle_loop(store: StudyStore) -> None:
+    dispatcher = Dispatcher(store, settings(poll_s=0.05), runner=FakeRunner())
+    thread = threading.Thread(target=dispatcher.run)
+    thread.start()
+    time.sleep(0.2)
+    assert thread.is_alive()  # without `once` an idle dispatcher keeps polling
+    queue(store, 1)
+    deadline = time.monotonic() + 10
+    while not dispatcher.stats.studies and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(dispatcher.stats.studies) == 1  # picked up a study queued while it polled
+    dispatcher.stop()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def test_interrupted_runner_gives_the_study_back(store: StudyStore) -> None:
+    first, second = queue(store, 2)
+
+    def interrupted(store: StudyStore, study_id: int, worker_id: str) -> None:
+        store.create_trial(study_id, 0, SCHEDULE, {})
+        raise KeyboardInterrupt
+
+    stats = Dispatcher(store, settings(), runner=interrupted, once=True).run()
+    assert (stats.studies, stats.released, stats.interrupted) == ([first], [first], True)
+    study = store.get_study(first)
+    assert study.status is StudyStatus.QUEUED
+    assert study.worker_id is None
+    assert store.get_study(second).attempts == 0  # nothing new claimed after the interrupt
+
+
+def test_heartbeat_thread_stops_when_the_study_is_taken_over(store: StudyStore) -> None:
+    (study_id,) = queue(store, 1)
+    assert store.claim_study("w1", 30.0) is not None
+    with Heartbeat(store, study_id, "w1", 0.05) as beat:
+        time.sleep(0.2)
+        assert beat.beats >= 1
+        store.release_study(study_id, "w1")
+        assert store.claim_study("w2", 30.0) is not None
+        deadline = time.monotonic() + 5
+        while beat.lost is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert beat.lost is not None
+    assert "w2" in beat.lost
+    assert store.get_study(study_id).worker_id == "w2"
+
+
+def test_max_studies_must_be_positive(store: StudyStore) -> None:
+    with pytest.raises(ValueError, match="max_studies"):
+        Dispatcher(store, settings(), runner=FakeRunner(), max_studies=0)

@@ -1,0 +1,201 @@
+"""Service commands: ``serve`` (the REST API, with an embedded dispatcher by default) and
+``worker`` (a dispatcher on its own).
+
+Settings come from ``STAGETUNE_*`` environment variables (:class:`tuner.settings.Settings`);
+the options here override the ones a command line usually changes. On the embedded default
+(SQLite), both commands create or upgrade the schema on start; a PostgreSQL database is
+migrated explicitly (``alembic upgrade head``).
+
+``serve`` runs the embedded dispatcher as a child process (``stagetune worker``) on the same
+database, restarts it if it dies, and stops it (SIGTERM, so its study goes back to the queue)
+when the server shuts down. Production runs ``serve --no-dispatcher`` and ``worker``
+processes separately.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from workers.cli.app import app
+
+log = logging.getLogger("stagetune.serve")
+
+#: How long a stopping server waits for its dispatcher to give its study back.
+DISPATCHER_STOP_TIMEOUT_S = 60.0
+#: Least time between two starts of a dispatcher that keeps dying.
+DISPATCHER_RESTART_BACKOFF_S = 10.0
+
+
+def _prepare_database(url: str) -> None:
+    """Create or upgrade the schema of the embedded SQLite database."""
+    from tuner.store.engine import is_sqlite
+    from tuner.store.migrate import upgrade
+
+    if is_sqlite(url):
+        upgrade(url)
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+@app.command()
+def worker(
+    once: Annotated[
+        bool, typer.Option("--once", help="Run what is queued now, then exit.")
+    ] = False,
+    max_studies: Annotated[
+        int | None,
+        typer.Option("--max-studies", min=1, help="Exit after running this many studies."),
+    ] = None,
+    worker_id: Annotated[
+        str | None,
+        typer.Option("--worker-id", help="Name of this worker (default: host-pid-random)."),
+    ] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "info",
+) -> None:
+    """Run the dispatcher: claim queued studies and run them on Ray (RAY_ADDRESS or local).
+
+    SIGTERM or Ctrl+C gives a running study back to the queue and exits.
+    """
+    from tuner.settings import get_settings
+    from tuner.store import StudyStore
+    from workers.dispatcher import Dispatcher, install_signal_handlers
+
+    _configure_logging(log_level)
+    settings = get_settings()
+    url = settings.resolved_database_url
+    _prepare_database(url)
+    with StudyStore(url) as store:
+        dispatcher = Dispatcher(
+            store, settings, worker_id=worker_id, once=once, max_studies=max_studies
+        )
+        restore = install_signal_handlers(dispatcher)
+        try:
+            stats = dispatcher.run()
+        finally:
+            restore()
+    typer.echo(
+        f"stagetune worker {dispatcher.worker_id}: ran {len(stats.studies)} studies"
+        + (f", {len(stats.failed)} failed" if stats.failed else "")
+        + (f", gave back {len(stats.released)}" if stats.released else ""),
+        err=True,
+    )
+
+
+class EmbeddedDispatcher:
+    """``stagetune worker`` as a child process of ``serve``, restarted if it dies."""
+
+    def __init__(self, database_url: str) -> None:
+        self.env = {**os.environ, "STAGETUNE_DATABASE_URL": database_url}
+        self.process: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._watcher = threading.Thread(target=self._watch, name="dispatcher-watch", daemon=True)
+
+    def start(self) -> None:
+        self._spawn()
+        self._watcher.start()
+
+    def _spawn(self) -> None:
+        command = [sys.executable, "-c", "from workers.cli import main; main()", "worker"]
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            self.process = subprocess.Popen(command, env=self.env)
+        log.info("embedded dispatcher started (pid %d)", self.process.pid)
+
+    def _watch(self) -> None:
+        while not self._stopping.is_set():
+            process = self.process
+            if process is None:
+                return
+            started = time.monotonic()
+            code = process.wait()
+            if self._stopping.is_set():
+                return
+            log.error("embedded dispatcher exited with status %s; restarting it", code)
+            delay = DISPATCHER_RESTART_BACKOFF_S - (time.monotonic() - started)
+            if self._stopping.wait(max(0.0, delay)):
+                return
+            self._spawn()
+
+    def stop(self) -> None:
+        """SIGTERM the dispatcher (it gives its study back) and wait for it to exit."""
+        with self._lock:
+            self._stopping.set()
+            process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=DISPATCHER_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.error("embedded dispatcher did not stop in time; killing it")
+            process.kill()
+            process.wait()
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str | None, typer.Option("--host", help="Interface to listen on (STAGETUNE_HOST).")
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option("--port", min=1, max=65535, help="Port to listen on (STAGETUNE_PORT)."),
+    ] = None,
+    dispatcher: Annotated[
+        bool,
+        typer.Option(
+            "--dispatcher/--no-dispatcher",
+            help="Run a dispatcher next to the API (default); production runs `stagetune "
+            "worker` processes instead.",
+        ),
+    ] = True,
+    log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "info",
+) -> None:
+    """Serve the REST API (OpenAPI docs at /docs) and, by default, run queued studies."""
+    import uvicorn
+
+    from api.app import create_app
+    from tuner.settings import get_settings
+
+    _configure_logging(log_level)
+    settings = get_settings()
+    url = settings.resolved_database_url
+    # uvicorn re-raises SIGTERM after its graceful shutdown; this turns it into an exit that
+    # still runs the clean-up below.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    embedded: EmbeddedDispatcher | None = None
+    try:
+        _prepare_database(url)
+        if dispatcher:
+            embedded = EmbeddedDispatcher(url)
+            embedded.start()
+        uvicorn.run(
+            create_app(settings=settings),
+            host=host or settings.host,
+            port=port or settings.port,
+            log_level=log_level.lower(),
+        )
+    finally:
+        if embedded is not None:
+            embedded.stop()
+        signal.signal(signal.SIGTERM, previous)

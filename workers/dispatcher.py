@@ -1,0 +1,293 @@
+"""The dispatcher (``stagetune worker``): claims queued studies and runs them, one at a time.
+
+Loop: ``StudyStore.claim_study`` atomically hands this worker the oldest queued study, or a
+running one whose heartbeat is older than ``stale_after_s`` (its worker died: the claim takes
+it over, and the runner resumes it). While :func:`workers.runner.run_study` runs the study on
+Ray (``RAY_ADDRESS`` or a local instance) a background thread heartbeats it every
+``heartbeat_s``; the runner itself polls ``cancel_requested`` and stops a cancelled study.
+When nothing is queued the dispatcher sleeps ``poll_s`` and looks again.
+
+* If the runner raises, the study is marked ``failed`` with the error message (the runner does
+  this itself; the dispatcher makes sure of it), and the dispatcher goes on with the next one.
+* Shutdown (SIGTERM or SIGINT, see :func:`install_signal_handlers`): nothing new is claimed; a
+  study that is running is interrupted (``KeyboardInterrupt`` in the runner), given back to the
+  queue (``release_study``; a later claim resumes it) and its heartbeat stops; then the process
+  exits with status 0. A dispatcher killed outright stops heartbeating, so another one takes
+  its study over after ``stale_after_s``.
+* ``once``: exit when the queue is empty; ``max_studies``: exit after that many studies.
+
+Several dispatchers (processes, machines) can share one database: each claim is atomic
+(PostgreSQL ``FOR UPDATE SKIP LOCKED``, SQLite ``BEGIN IMMEDIATE`` plus a guarded update), so
+every study runs in exactly one of them at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Protocol
+
+from tuner.errors import ConflictError, InvalidStateError, NotFoundError, StagetuneError
+from tuner.settings import Settings
+from tuner.store import StudyRecord, StudyStatus, StudyStore
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DispatchStats",
+    "Dispatcher",
+    "Heartbeat",
+    "StudyRunner",
+    "default_worker_id",
+    "install_signal_handlers",
+    "ray_runner",
+]
+
+
+class StudyRunner(Protocol):
+    """Runs one claimed study to its end: ``(store, study_id, worker_id) -> anything``."""
+
+    def __call__(self, store: StudyStore, study_id: int, worker_id: str) -> object: ...
+
+
+def default_worker_id() -> str:
+    """``<host>-<pid>-<random>``: unique per process, readable in the study's ``worker_id``."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def ray_runner(settings: Settings) -> StudyRunner:
+    """The production runner: :func:`workers.runner.run_study` with ``settings``.
+
+    Ray Tune starts Ray when the study's experiment starts: ``ray.init()`` connects to the
+    cluster ``RAY_ADDRESS`` names, or starts a local instance (once per process).
+    """
+
+    def run(store: StudyStore, study_id: int, worker_id: str) -> object:
+        from workers.runner import run_study  # imports Ray: only where studies really run
+
+        return run_study(
+            store,
+            study_id,
+            worker_id=worker_id,
+            storage_path=settings.resolved_ray_storage_path,
+            poll_s=min(settings.poll_s, settings.heartbeat_s),
+        )
+
+    return run
+
+
+class Heartbeat:
+    """A daemon thread that heartbeats a study every ``interval_s`` until stopped.
+
+    It stops by itself when the store says the study is no longer this worker's (taken over,
+    finished, deleted); ``lost`` then holds the reason.
+    """
+
+    def __init__(self, store: StudyStore, study_id: int, worker_id: str, interval_s: float) -> None:
+        self.store = store
+        self.study_id = study_id
+        self.worker_id = worker_id
+        self.interval_s = interval_s
+        self.lost: str | None = None
+        self.beats = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-study-{study_id}", daemon=True
+        )
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.store.heartbeat(self.study_id, self.worker_id)
+                self.beats += 1
+            except (ConflictError, InvalidStateError, NotFoundError) as exc:
+                self.lost = str(exc)
+                log.info("study %s: heartbeat stopped: %s", self.study_id, exc)
+                return
+            except Exception:  # the database may be back at the next beat
+                log.warning("study %s: heartbeat failed", self.study_id, exc_info=True)
+
+
+@dataclass
+class DispatchStats:
+    """What a dispatcher did: studies run (by outcome) and whether it was interrupted."""
+
+    studies: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    released: list[int] = field(default_factory=list)
+    interrupted: bool = False
+
+
+class Dispatcher:
+    """Claims studies from ``store`` and runs each with ``runner`` (see the module doc)."""
+
+    def __init__(
+        self,
+        store: StudyStore,
+        settings: Settings,
+        *,
+        runner: StudyRunner | None = None,
+        worker_id: str | None = None,
+        once: bool = False,
+        max_studies: int | None = None,
+    ) -> None:
+        if max_studies is not None and max_studies < 1:
+            raise ValueError(f"max_studies must be at least 1, not {max_studies}")
+        self.store = store
+        self.settings = settings
+        self.runner = runner or ray_runner(settings)
+        self.worker_id = worker_id or default_worker_id()
+        self.once = once
+        self.max_studies = max_studies
+        self.stats = DispatchStats()
+        self._stop = threading.Event()
+        self._running: int | None = None  # the study the runner is working on
+        self._interruptible = False  # inside the runner: a shutdown interrupts it
+
+    # -- control ---------------------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def running_study(self) -> int | None:
+        return self._running
+
+    def stop(self) -> None:
+        """Claim nothing more; the loop ends after the current study (thread-safe)."""
+        self._stop.set()
+
+    def shutdown_signal(self, signum: int, frame: FrameType | None) -> None:
+        """Signal handler (main thread): stop, and interrupt the study that is running."""
+        first = not self._stop.is_set()
+        self._stop.set()
+        log.info("signal %s: shutting down (worker %s)", signum, self.worker_id)
+        if first and self._interruptible:
+            self._interruptible = False
+            self.stats.interrupted = True
+            raise KeyboardInterrupt
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self) -> DispatchStats:
+        """Run studies until stopped (or, with ``once``, until the queue is empty)."""
+        log.info("dispatcher %s started", self.worker_id)
+        while not self._stop.is_set():
+            if self.max_studies is not None and len(self.stats.studies) >= self.max_studies:
+                break
+            study = self.run_one()
+            if study is None:
+                if self.once:
+                    break
+                self._stop.wait(self.settings.poll_s)
+        log.info("dispatcher %s stopped after %d studies", self.worker_id, len(self.stats.studies))
+        return self.stats
+
+    def run_one(self) -> StudyRecord | None:
+        """Claim one study and run it to its end; ``None`` if there was nothing to claim."""
+        study = self.store.claim_study(self.worker_id, self.settings.stale_after_s)
+        if study is None:
+            return None
+        resumed = f" (taking it over, attempt {study.attempts})" if study.attempts > 1 else ""
+        log.info("worker %s claimed study %s%s", self.worker_id, study.id, resumed)
+        self.stats.studies.append(study.id)
+        self._running = study.id
+        try:
+            with Heartbeat(self.store, study.id, self.worker_id, self.settings.heartbeat_s):
+                self._run_study(study.id)
+        finally:
+            self._running = None
+        return self.store.get_study(study.id)
+
+    def _run_study(self, study_id: int) -> None:
+        try:
+            try:
+                self._interruptible = not self._stop.is_set()
+                if not self._interruptible:  # a shutdown came between claim and run
+                    raise KeyboardInterrupt
+                self.runner(self.store, study_id, self.worker_id)
+            finally:
+                self._interruptible = False
+        except KeyboardInterrupt:
+            self._stop.set()
+            self.stats.interrupted = True
+            self._release(study_id)
+            return
+        except Exception as exc:
+            log.exception("study %s failed", study_id)
+            self.stats.failed.append(study_id)
+            self._fail(study_id, _error_message(exc))
+            return
+        self._check_finished(study_id)
+
+    def _release(self, study_id: int) -> None:
+        """Give an interrupted study back to the queue (unless the runner already did)."""
+        with suppress(ConflictError, InvalidStateError, NotFoundError):
+            # (released by the runner, finished, or taken over already)
+            self.store.release_study(study_id, self.worker_id)
+        self.stats.released.append(study_id)
+        log.info("study %s given back to the queue", study_id)
+
+    def _fail(self, study_id: int, message: str) -> None:
+        with suppress(ConflictError, InvalidStateError, NotFoundError):
+            # (finished by the runner already, or another worker's now)
+            self.store.finish_study(
+                study_id, StudyStatus.FAILED, error=message, worker_id=self.worker_id
+            )
+
+    def _check_finished(self, study_id: int) -> None:
+        """A runner that returns leaves the study finished; if not, it is failed here."""
+        try:
+            study = self.store.get_study(study_id)
+        except NotFoundError:
+            return
+        if study.status is StudyStatus.RUNNING and study.worker_id == self.worker_id:
+            self.stats.failed.append(study_id)
+            self._fail(study_id, "the runner returned without finishing the study")
+
+
+def _error_message(exc: BaseException) -> str:
+    if isinstance(exc, StagetuneError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def install_signal_handlers(dispatcher: Dispatcher) -> Callable[[], None]:
+    """Make SIGTERM and SIGINT shut ``dispatcher`` down gracefully (main thread only).
+
+    Ray Tune's own SIGINT handler (which would end the experiment early and let the runner
+    mark the study failed) is switched off for this process. Returns a function that puts
+    the previous handlers back.
+    """
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    previous = {
+        sig: signal.signal(sig, dispatcher.shutdown_signal)
+        for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
