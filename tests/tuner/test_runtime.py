@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import DataLoader, TensorDataset
@@ -313,3 +315,51 @@ def test_runtime_imports_without_ray_or_fastapi() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    batches=st.lists(st.integers(1, 12), min_size=1, max_size=3),
+    world=st.integers(1, 4),
+    micro=st.one_of(st.none(), st.integers(1, 7)),
+    size=st.integers(50, 120),
+    drop_last=st.booleans(),
+    uneven=st.booleans(),
+)
+def test_ranks_cover_every_step_exactly_once(
+    batches: list[int], world: int, micro: int | None, size: int, drop_last: bool, uneven: bool
+) -> None:
+    """Any placeable schedule: per step, the ranks' index lists are the step's global slice."""
+    sizes = sorted(b * world for b in batches)
+    schedule = Schedule(
+        stages=tuple(Stage(i, i + 1, b) for i, b in enumerate(sizes)),
+        base_lr=0.1,
+        base_batch_size=sizes[0],
+    )
+    weights = [float(r + 1) for r in range(world)] if uneven else None
+    try:
+        rts = [
+            ScheduleRuntime(schedule, size, world, r, micro, drop_last, speed_weights=weights)
+            for r in range(world)
+        ]
+    except ValidationError:
+        return  # e.g. the last partial step is smaller than the world size
+    expected = list(schedule.iter_steps(size, drop_last=drop_last))
+    got = [s for e in range(rts[0].num_epochs) for s in rts[0].steps(e)]
+    assert [(s.global_batch, s.lr) for s in got] == [(e.batch_size, e.lr) for e in expected]
+    for epoch in range(schedule.total_epochs):
+        perm = rts[0].permutation(epoch).tolist()
+        lists = [iter(rt.batch_sampler(epoch)) for rt in rts]
+        offset = 0
+        for steps in zip(*(rt.steps(epoch) for rt in rts), strict=True):
+            assert len({s.accumulation_steps for s in steps}) == 1
+            taken = []
+            for rank, step in enumerate(steps):
+                for m in step.micro_batches:
+                    if m:
+                        idx = next(lists[rank])
+                        assert len(idx) == m
+                        taken.extend(idx)
+            assert taken == perm[offset : offset + steps[0].global_batch]  # rank order
+            offset += steps[0].global_batch
+        assert all(next(it, None) is None for it in lists)
