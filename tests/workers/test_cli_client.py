@@ -1,0 +1,368 @@
+"""``stagetune submit`` and ``stagetune status`` against a real API server.
+
+The server is ``api.app:create_app`` under uvicorn in its own process (a temporary SQLite
+database, a bearer token); every command runs as the real ``stagetune`` console script, so
+exit codes and stderr are what a shell script sees. Studies are moved along "by hand" through
+the store, as a dispatcher would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tuner.schedule import Schedule, Stage
+from tuner.store import StudyStatus, StudyStore, TrialStatus
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+STAGETUNE = Path(sys.executable).with_name("stagetune")
+TOKEN = "cli-test-token"
+
+SPEC = """\
+task: digits
+name: {name}
+schedule: {{total_epochs: 4}}
+budget: {{trials: 6}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    database_url: str
+
+
+def _stop(process: subprocess.Popen[Any]) -> None:
+    """Stop the process group of ``process`` (SIGTERM, then SIGKILL after 10 s)."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from _serve(tmp_path_factory.mktemp("cli-server"))
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    """A server with a database of its own: the test may claim the oldest queued study."""
+    yield from _serve(tmp_path)
+
+
+def _serve(workdir: Path) -> Iterator[Server]:
+    database_url = f"sqlite:///{workdir / 'stagetune.db'}"
+    port = free_port()
+    env = {
+        **os.environ,
+        "STAGETUNE_DATABASE_URL": database_url,
+        "STAGETUNE_API_TOKEN": TOKEN,
+        "STAGETUNE_DATA_DIR": str(workdir / "data"),
+    }
+    log = (workdir / "server.log").open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "api.app:create_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        cwd=workdir,  # no developer's .env is read
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, (workdir / "server.log").read_text()
+            try:
+                if httpx.get(f"{url}/api/v1/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the API server did not come up in 60 s"
+            time.sleep(0.2)
+        yield Server(url=url, database_url=database_url)
+    finally:
+        _stop(process)
+        log.close()
+
+
+def cli_env(token: str | None = TOKEN, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGETUNE_")}
+    env.update({"COLUMNS": "200", "NO_COLOR": "1"})
+    if token is not None:
+        env["STAGETUNE_API_TOKEN"] = token
+    env.update(extra)
+    return env
+
+
+def stagetune(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(STAGETUNE), *args],
+        env=env if env is not None else cli_env(),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def write_spec(tmp_path: Path, name: str, text: str | None = None) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text if text is not None else SPEC.format(name=name), encoding="utf-8")
+    return path
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
+    return lines[0]
+
+
+# --- submit and status --------------------------------------------------------------------
+
+
+def test_submit_prints_the_id_and_status_shows_the_study(
+    module_server: Server, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, "cli-listed")
+    done = stagetune("submit", str(spec), "--url", module_server.url)
+    assert done.returncode == 0, done.stderr
+    study_id = int(done.stdout.strip())  # stdout is the id alone: $(stagetune submit ...)
+
+    with StudyStore(module_server.database_url) as store:
+        study = store.get_study(study_id)
+    assert (study.name, study.task, study.status) == ("cli-listed", "digits", "queued")
+
+    listed = stagetune("status", "--url", module_server.url)
+    assert listed.returncode == 0, listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if "cli-listed" in line)
+    assert row.split()[0] == str(study_id)
+    assert "queued" in row
+    assert "0/6" in row
+
+    one = stagetune("status", str(study_id), "--url", module_server.url)
+    assert one.returncode == 0, one.stderr
+    assert "queued" in one.stdout
+    assert "0/6 trials done, 0 running, 6 remaining" in one.stdout
+
+    as_json = stagetune("status", str(study_id), "--json", "--url", module_server.url)
+    assert json.loads(as_json.stdout)["id"] == study_id
+
+
+def test_url_comes_from_the_environment(module_server: Server, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "cli-env-url")
+    done = stagetune("submit", str(spec), env=cli_env(STAGETUNE_URL=module_server.url))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().isdigit()
+
+
+def test_a_bad_spec_exits_2_with_one_line_naming_the_field(
+    module_server: Server, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, "bad", "task: digits\nbudget: {trials: 0}\n")
+    done = stagetune("submit", str(spec), "--url", module_server.url)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    line = one_line(done.stderr)
+    assert line.startswith("stagetune: error: ")
+    assert "budget.trials" in line
+
+    typo = write_spec(tmp_path, "typo", "task: digits\nbugdet: {trials: 6}\n")
+    done = stagetune("submit", str(typo), "--url", module_server.url)
+    assert done.returncode == 2
+    assert "bugdet" in one_line(done.stderr)
+
+    missing = stagetune("submit", str(tmp_path / "nope.yaml"), "--url", module_server.url)
+    assert missing.returncode == 2
+    assert "spec file not found" in one_line(missing.stderr)
+
+
+def test_a_json_spec_is_sent_as_json(module_server: Server, tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"task": "digits", "budget": {"trials": 0}}), encoding="utf-8")
+    done = stagetune("submit", str(spec), "--url", module_server.url)
+    assert done.returncode == 2
+    assert "budget.trials" in one_line(done.stderr)
+    spec.write_text(json.dumps({"task": "digits", "name": "cli-json"}), encoding="utf-8")
+    done = stagetune("submit", str(spec), "--url", module_server.url)
+    assert done.returncode == 0, done.stderr
+
+
+def test_connection_refused_is_one_line_with_exit_1(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    spec = write_spec(tmp_path, "nowhere")
+    for args in (("submit", str(spec)), ("status",), ("status", "1")):
+        done = stagetune(*args, "--url", url)
+        assert done.returncode == 1, args
+        line = one_line(done.stderr)
+        assert url in line
+        assert "connection refused" in line
+
+
+def test_a_wrong_or_missing_token_is_one_line_with_exit_1(
+    module_server: Server, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, "no-token")
+    for env in (cli_env(token="wrong"), cli_env(token=None)):
+        done = stagetune("submit", str(spec), "--url", module_server.url, env=env)
+        assert done.returncode == 1
+        line = one_line(done.stderr)
+        assert "401" in line
+        assert "--token" in line
+    # reads need no token on this server
+    assert stagetune("status", "--url", module_server.url, env=cli_env(token=None)).returncode == 0
+
+
+def test_an_unknown_study_exits_3(module_server: Server) -> None:
+    done = stagetune("status", "987654", "--url", module_server.url)
+    assert done.returncode == 3
+    assert "987654" in one_line(done.stderr)
+
+
+def test_every_command_has_help() -> None:
+    for command in ("submit", "status"):
+        done = stagetune(command, "--help")
+        assert done.returncode == 0
+        assert "--url" in done.stdout
+        assert "STAGETUNE_URL" in done.stdout
+
+
+# --- submit --wait ------------------------------------------------------------------------
+
+
+def _schedule(*batches: int) -> dict[str, Any]:
+    stages = tuple(
+        Stage(start_epoch=2 * i, end_epoch=2 * (i + 1), batch_size=b) for i, b in enumerate(batches)
+    )
+    return Schedule(stages=stages, base_lr=0.1, base_batch_size=batches[0]).to_dict()
+
+
+def _claim(store: StudyStore, process: subprocess.Popen[str]) -> int:
+    """Claim the study the waiting ``submit`` created (the only one in the database)."""
+    deadline = time.monotonic() + 30
+    while (claimed := store.claim_study("cli-test-worker", 60)) is None:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "submit --wait created no study"
+        time.sleep(0.1)
+    return claimed.id
+
+
+def _wait_in_background(server: Server, spec: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            str(STAGETUNE),
+            "submit",
+            str(spec),
+            "--url",
+            server.url,
+            "--wait",
+            "--interval",
+            "0.2",
+            "--timeout",
+            "120",
+        ],
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _communicate(process: subprocess.Popen[str]) -> tuple[str, str]:
+    try:
+        return process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"submit --wait did not finish:\n{out}\n{err}")
+
+
+def test_wait_shows_progress_and_prints_the_best_schedule(server: Server, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "cli-wait")
+    process = _wait_in_background(server, spec)
+    try:
+        with StudyStore(server.database_url) as store:
+            study_id = _claim(store, process)
+            time.sleep(0.5)  # let a poll see it running
+            best_schedule = _schedule(32, 128)
+            for number, (batches, accuracy) in enumerate([((32, 64), 0.81), ((32, 128), 0.93)]):
+                trial = store.create_trial(study_id, number, _schedule(*batches), {"n": number})
+                for epoch in range(4):
+                    store.add_epoch_metrics(trial.id, epoch, {"val_accuracy": accuracy})
+                store.finish_trial(
+                    trial.id, TrialStatus.COMPLETED, final={"val_accuracy": accuracy}
+                )
+                if number == 1:
+                    store.set_best(study_id, trial.id, accuracy)
+                time.sleep(0.5)
+            store.finish_study(study_id, StudyStatus.COMPLETED)
+        out, err = _communicate(process)
+    finally:
+        _stop(process)
+
+    assert process.returncode == 0, err
+    assert f"submitted study {study_id}" in err
+    assert f"study {study_id}: running, trials 0/6 done" in err
+    assert "trials 2/6 done" in err
+    assert f"study {study_id} completed; best 0.93 (trial 1" in err
+    # stdout is the best schedule's YAML and nothing else
+    document = yaml.safe_load(out)
+    assert [s["batch_size"] for s in document["stages"]] == [
+        s["batch_size"] for s in best_schedule["stages"]
+    ]
+    assert document["provenance"]["study_id"] == study_id
+
+
+def test_wait_exits_1_when_the_study_fails(server: Server, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "cli-wait-fails")
+    process = _wait_in_background(server, spec)
+    try:
+        with StudyStore(server.database_url) as store:
+            study_id = _claim(store, process)
+            store.finish_study(study_id, StudyStatus.FAILED, error="task exploded: out of memory")
+        out, err = _communicate(process)
+    finally:
+        _stop(process)
+    assert process.returncode == 1
+    assert out == ""
+    last = err.strip().splitlines()[-1]
+    assert last == f"stagetune: error: study {study_id} failed: task exploded: out of memory"
