@@ -17,7 +17,15 @@ YAML_MEDIA_TYPE: Final = "application/yaml"
 YAML_RESPONSE: Final[dict[int | str, dict[str, Any]]] = {
     200: {
         "description": "The schedule YAML (format version 1) with provenance, as an attachment.",
-        "content": {YAML_MEDIA_TYPE: {"schema": {"type": "string"}}},
+        "content": {
+            YAML_MEDIA_TYPE: {
+                "schema": {
+                    "type": "object",
+                    "description": "A schedule document: the published JSON Schema is "
+                    "tuner/schemas/schedule.schema.json (with the export provenance).",
+                }
+            }
+        },
     }
 }
 
