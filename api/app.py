@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from api.dashboard import router as dashboard_router
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimitMiddleware
 from api.openapi import install_openapi
@@ -66,4 +67,5 @@ def create_app(settings: Settings | None = None, store: StudyStore | None = None
 
     # Routers. Others (the dashboard) are included here the same way.
     app.include_router(api_router)
+    app.include_router(dashboard_router)
     return app

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -28,12 +28,13 @@ __all__ = [
     "BASELINE_LABELS",
     "CHANGE_MARGIN",
     "MIN_IMPORTANCE_TRIALS",
-    "comparison_rows",
     "compact_curve",
+    "comparison_rows",
     "data_etag",
     "elapsed_seconds",
     "format_duration",
     "format_objective",
+    "is_live",
     "objective_info",
     "optuna_study_names",
     "param_importance",
@@ -82,7 +83,7 @@ def format_duration(seconds: float | None) -> str:
     """``"2h 05m"``, ``"3m 07s"``, ``"42s"``; an em dash for unknown."""
     if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return "—"
-    total = int(round(seconds))
+    total = round(seconds)
     days, rest = divmod(total, 86_400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
@@ -186,8 +187,10 @@ def study_row(study: StudyRecord, now: datetime) -> dict[str, Any]:
         "trials_running": study.trials_running,
         "done_pct": round(min(100.0, 100.0 * study.trials_done / budget), 1),
         "running_pct": round(
-            min(100.0 - min(100.0, 100.0 * study.trials_done / budget),
-                100.0 * study.trials_running / budget),
+            min(
+                100.0 - min(100.0, 100.0 * study.trials_done / budget),
+                100.0 * study.trials_running / budget,
+            ),
             1,
         ),
         "best_value": _finite(study.best_value),
@@ -236,13 +239,14 @@ def _lr_points(schedule: Schedule) -> tuple[list[float], list[float]]:
             k = 1
             while warm_end + k * st.step_every_epochs < end - 1e-9:
                 x = warm_end + k * st.step_every_epochs
-                add(x, schedule.lr_at(x - 1e-9))
+                add(x, schedule.lr_at(x - 1e-6))  # just before the step (beyond its tolerance)
                 add(x, schedule.lr_at(x))
                 k += 1
         elif st.decay in ("cosine", "linear") and end > warm_end:
             n = _LR_SAMPLES_PER_STAGE if st.decay == "cosine" else 1
             for j in range(1, n):
-                add(warm_end + (end - warm_end) * j / n, schedule.lr_at(warm_end + (end - warm_end) * j / n))
+                x = warm_end + (end - warm_end) * j / n
+                add(x, schedule.lr_at(x))
         add(end, schedule.stage_end_lr(i))
     return xs, ys
 
@@ -347,13 +351,12 @@ def _comparison_row(source: Mapping[str, Any], role: str) -> dict[str, Any]:
     return row
 
 
-def comparison_rows(
-    study: StudyRecord, trials: Iterable[TrialRecord]
-) -> list[dict[str, Any]]:
+def comparison_rows(study: StudyRecord, trials: Iterable[TrialRecord]) -> list[dict[str, Any]]:
     """The best schedule against each baseline: the best row first, then one per baseline
     with ``vs_best`` (accuracy difference best - baseline, and best / baseline ratios of
     steps, wall time and mean batch). From the study summary when the engine wrote one,
-    else from the trials themselves (while the study runs)."""
+    else from the trials themselves (while the study runs); without a best trial yet, the
+    finished baselines alone (``vs_best`` ``None``)."""
     summary = study.summary or {}
     best_doc = summary.get("best")
     baselines_doc = summary.get("baselines")
@@ -365,14 +368,17 @@ def comparison_rows(
         best_trial = (
             by_number.get(study.best_trial_number) if study.best_trial_number is not None else None
         )
-        if best_trial is None:
-            return []
-        best = _comparison_row(trial_row(best_trial), "best")
         bases = [
             _comparison_row(trial_row(t), "baseline")
             for t in sorted(by_number.values(), key=lambda t: t.number)
-            if t.baseline is not None
+            if t.baseline is not None and t.status is not TrialStatus.RUNNING
         ]
+        if best_trial is None:  # the baselines alone, nothing to compare them with yet
+            for base in bases:
+                base["vs_best"] = None
+                base["is_best"] = False
+            return bases
+        best = _comparison_row(trial_row(best_trial), "best")
     rows = [best]
     for base in bases:
         base["vs_best"] = _compare(best, base)
@@ -391,7 +397,6 @@ def study_header(study: StudyRecord, now: datetime) -> dict[str, Any]:
         {
             "started_at": _iso(study.started_at),
             "finished_at": _iso(study.finished_at),
-            "heartbeat_at": _iso(study.heartbeat_at),
             "worker_id": study.worker_id,
             "attempts": study.attempts,
             "note": note if isinstance(note, str) else None,
@@ -457,9 +462,16 @@ def study_page_data(
     }
 
 
+_VOLATILE_STUDY_KEYS: Final = frozenset({"elapsed_s", "elapsed_text"})
+
+
 def data_etag(payload: Mapping[str, Any]) -> str:
-    """A strong ETag of the page data, ignoring ``server_time``."""
-    body = {k: v for k, v in payload.items() if k != "server_time"}
+    """A strong ETag of the page data, ignoring what changes with the clock alone
+    (``server_time``, the study's elapsed time: the page ticks that itself)."""
+    body = {k: v for k, v in payload.items() if k not in ("server_time", "etag")}
+    study = body.get("study")
+    if isinstance(study, Mapping):
+        body["study"] = {k: v for k, v in study.items() if k not in _VOLATILE_STUDY_KEYS}
     digest = hashlib.blake2b(
         json.dumps(body, sort_keys=True, separators=(",", ":")).encode(), digest_size=12
     ).hexdigest()
@@ -486,6 +498,15 @@ def optuna_study_names(study: StudyRecord) -> list[str]:
 
 def _unavailable(note: str, **extra: Any) -> dict[str, Any]:
     return {"available": False, "note": note, "objectives": [], **extra}
+
+
+def _value_of(index: int) -> Callable[[Any], float]:
+    """The target function picking objective value ``index`` of an Optuna trial."""
+
+    def target(trial: Any) -> float:
+        return float(trial.values[index])
+
+    return target
 
 
 def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
@@ -549,7 +570,7 @@ def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
                 ranking = optuna.importance.get_param_importances(
                     copy,
                     evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
-                    target=lambda t, i=index: float(t.values[i]),
+                    target=_value_of(index),
                 )
             except (ValueError, RuntimeError) as exc:
                 return _unavailable(

@@ -1,0 +1,925 @@
+/* stagetune dashboard: renders the studies page's auto-refresh and the study page's charts
+ * (plotly.js, served by the API), trial table and live updates. No dependencies besides
+ * Plotly; no network access beyond this server. */
+(function () {
+  "use strict";
+
+  // ---------------------------------------------------------------- shared helpers
+
+  var COLORS = {
+    best: "#1d4ed8",
+    picked: "#db2777",
+    trial: "rgba(100, 116, 139, 0.30)",
+    trialPoint: "rgba(71, 85, 105, 0.55)",
+    running: "rgba(14, 165, 233, 0.85)",
+    diverged: "rgba(220, 38, 38, 0.6)",
+    grid: "#eef2f6",
+    axis: "#94a3b8",
+    text: "#334155",
+  };
+  var BASELINE_COLORS = {
+    small_batch: "#f59e0b",
+    large_batch: "#7c3aed",
+    increase_batch: "#059669",
+  };
+  var EXTRA_COLORS = ["#0891b2", "#ea580c", "#65a30d", "#9333ea", "#be123c"];
+  var BASELINE_LABELS = {
+    small_batch: "small batch",
+    large_batch: "large batch (Goyal)",
+    increase_batch: "increase batch (Smith)",
+  };
+  var PLOT_CONFIG = {
+    displaylogo: false,
+    responsive: true,
+    modeBarButtonsToRemove: ["lasso2d", "select2d", "autoScale2d", "toggleSpikelines"],
+  };
+  var POLL_MS = 2000;
+
+  function esc(value) {
+    return String(value == null ? "" : value)
+      .replace(/&/g, "&amp;")
+      .replace(/</g, "&lt;")
+      .replace(/>/g, "&gt;")
+      .replace(/"/g, "&quot;")
+      .replace(/'/g, "&#39;");
+  }
+  function isNum(v) {
+    return typeof v === "number" && isFinite(v);
+  }
+  function fmtPct(v, digits) {
+    return isNum(v) ? (v * 100).toFixed(digits == null ? 2 : digits) + "%" : "—";
+  }
+  function fmtInt(v) {
+    return isNum(v) ? Math.round(v).toLocaleString("en-US") : "—";
+  }
+  function fmtDuration(s) {
+    if (!isNum(s) || s < 0) return "—";
+    var t = Math.round(s);
+    var d = Math.floor(t / 86400), h = Math.floor((t % 86400) / 3600);
+    var m = Math.floor((t % 3600) / 60), sec = t % 60;
+    function two(n) { return (n < 10 ? "0" : "") + n; }
+    if (d) return d + "d " + two(h) + "h";
+    if (h) return h + "h " + two(m) + "m";
+    if (m) return m + "m " + two(sec) + "s";
+    return sec + "s";
+  }
+  function fmtBatch(v) {
+    return isNum(v) ? (Math.abs(v - Math.round(v)) < 0.05 ? fmtInt(v) : v.toFixed(1)) : "—";
+  }
+  function fmtObjective(v, name) {
+    if (!isNum(v)) return "—";
+    if (name.indexOf("accuracy") >= 0) return fmtPct(v);
+    if (name.indexOf("wall_time") >= 0) return fmtDuration(v);
+    if (name.indexOf("steps") >= 0) return fmtInt(v) + " steps";
+    return v.toPrecision(4);
+  }
+  function fmtTime(iso, sameDayAs) {
+    if (!iso) return "—";
+    var d = new Date(iso);
+    var time = d.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" });
+    if (sameDayAs && new Date(sameDayAs).toDateString() === d.toDateString()) return time;
+    return d.toLocaleDateString(undefined, { month: "short", day: "numeric" }) + " " + time;
+  }
+  function capitalize(text) {
+    return text ? text.charAt(0).toUpperCase() + text.slice(1) : text;
+  }
+  function baselineLabel(name) {
+    return BASELINE_LABELS[name] || name;
+  }
+  function baselineColor(name, names) {
+    if (BASELINE_COLORS[name]) return BASELINE_COLORS[name];
+    var others = names.filter(function (n) { return !BASELINE_COLORS[n]; }).sort();
+    return EXTRA_COLORS[Math.max(0, others.indexOf(name)) % EXTRA_COLORS.length];
+  }
+  function el(id) {
+    return document.getElementById(id);
+  }
+  function baseLayout(extra) {
+    var layout = {
+      margin: { l: 58, r: 14, t: 34, b: 44 },
+      paper_bgcolor: "rgba(0,0,0,0)",
+      plot_bgcolor: "#ffffff",
+      font: { family: "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size: 12, color: COLORS.text },
+      hovermode: "closest",
+      hoverlabel: { bgcolor: "#0f172a", bordercolor: "#0f172a", font: { color: "#fff", size: 12 } },
+      legend: { orientation: "h", x: 0, xanchor: "left", y: 1.01, yanchor: "bottom", bgcolor: "rgba(0,0,0,0)", font: { size: 11.5 } },
+      uirevision: "keep",
+    };
+    Object.keys(extra || {}).forEach(function (k) { layout[k] = extra[k]; });
+    return layout;
+  }
+  function axis(extra) {
+    var a = { gridcolor: COLORS.grid, zerolinecolor: COLORS.grid, linecolor: "#cbd5e1", tickcolor: "#cbd5e1", automargin: true };
+    Object.keys(extra || {}).forEach(function (k) { a[k] = extra[k]; });
+    return a;
+  }
+  function emptyChart(node, message) {
+    if (window.Plotly && node.data) window.Plotly.purge(node);
+    node.innerHTML = '<div class="chart-empty">' + esc(message) + "</div>";
+    node.dataset.empty = "true";
+  }
+  function draw(node, traces, layout) {
+    if (node.dataset.empty === "true") {
+      node.innerHTML = "";
+      delete node.dataset.empty;
+    }
+    return window.Plotly.react(node, traces, layout, PLOT_CONFIG);
+  }
+
+  // ---------------------------------------------------------------- studies page
+
+  function initStudies() {
+    function schedule() {
+      var root = el("studies-root");
+      if (root && root.dataset.live === "true") window.setTimeout(refresh, 3000);
+    }
+    function refresh() {
+      fetch(window.location.href, { cache: "no-store", headers: { Accept: "text/html" } })
+        .then(function (res) { return res.ok ? res.text() : Promise.reject(res.status); })
+        .then(function (html) {
+          var doc = new DOMParser().parseFromString(html, "text/html");
+          var fresh = doc.getElementById("studies-root");
+          var root = el("studies-root");
+          if (fresh && root) root.replaceWith(fresh);
+        })
+        .catch(function () { /* keep the last view; try again */ })
+        .then(schedule);
+    }
+    schedule();
+  }
+
+  // ---------------------------------------------------------------- study page: state
+
+  var S = null; // the study page state
+
+  function loadState(data) {
+    S = {
+      study: null,
+      counts: {},
+      trialTotal: 0,
+      trials: new Map(),
+      curves: new Map(),
+      schedules: {},
+      comparison: [],
+      links: data.links,
+      live: false,
+      etag: null,
+      serverTime: null,
+      clockOffset: 0,
+      picked: null,
+      pictures: new Map(),
+      cost: "steps",
+      zoom: "all",
+      sort: { key: "number", dir: 1 },
+      filter: "",
+      importance: { at: 0, trialsDone: -1, pending: false },
+      wasLive: false,
+    };
+    merge(data);
+    S.wasLive = S.live;
+  }
+
+  function merge(data) {
+    if (!data.incremental) {
+      S.trials = new Map();
+      S.curves = new Map();
+    }
+    data.trials.forEach(function (t) { S.trials.set(t.number, t); });
+    Object.keys(data.curves).forEach(function (k) { S.curves.set(Number(k), data.curves[k]); });
+    S.study = data.study;
+    S.counts = data.counts;
+    S.trialTotal = data.trial_total;
+    S.schedules = data.schedules;
+    S.comparison = data.comparison;
+    S.live = data.live;
+    S.etag = data.etag;
+    S.serverTime = data.server_time;
+    S.clockOffset = Date.parse(data.server_time) - Date.now();
+  }
+
+  function trialList() {
+    return Array.from(S.trials.values()).sort(function (a, b) { return a.number - b.number; });
+  }
+  function baselineNames() {
+    return trialList().filter(function (t) { return t.baseline; }).map(function (t) { return t.baseline; });
+  }
+  function bestNumber() {
+    return S.study.best_trial_number;
+  }
+  function objectiveName() {
+    return S.study.objective.names[0];
+  }
+
+  // ---------------------------------------------------------------- header, banner, KPIs
+
+  function renderHeader() {
+    var st = S.study;
+    var badge = el("study-status");
+    badge.className = "badge badge-lg badge-" + st.status;
+    badge.textContent = st.status;
+    var live = el("live-indicator");
+    live.className = "live-indicator" + (S.live ? " is-live" : "");
+    live.innerHTML = S.live ? '<span class="pulse"></span> Live' : "";
+    document.title = st.name + " · " + st.status + " · stagetune";
+    var dl = el("download-best");
+    var hasBest = st.best_trial_number != null;
+    dl.classList.toggle("is-disabled", !hasBest);
+    if (hasBest) {
+      dl.removeAttribute("aria-disabled");
+      dl.removeAttribute("title");
+    }
+    renderBanner();
+  }
+
+  function renderBanner() {
+    var st = S.study;
+    var banner = el("study-banner");
+    var best = st.best_trial_number != null ? S.trials.get(st.best_trial_number) : null;
+    var bestText = best
+      ? " The best schedule is trial #" + best.number + (best.baseline ? " (" + baselineLabel(best.baseline) + " baseline)" : "") +
+        ": <code>" + esc(best.summary || "") + "</code>, " + esc(fmtObjective(st.best_value, objectiveName())) + "."
+      : "";
+    var html = null, kind = st.status;
+    if (st.status === "completed") {
+      html = "<strong>Study completed" + (S.wasLive ? " just now" : "") + ".</strong>" +
+        '<span class="banner-detail">' + bestText + (st.note && (st.best_is_baseline || !best) ? " " + esc(capitalize(st.note)) + "." : "") + "</span>";
+    } else if (st.status === "failed") {
+      html = "<strong>Study failed" + (S.wasLive ? " just now" : "") + ".</strong>" +
+        '<span class="banner-detail">' + esc(st.error || "no error message recorded") + "</span>";
+    } else if (st.status === "cancelled") {
+      html = "<strong>Study cancelled.</strong>" +
+        '<span class="banner-detail">' + (st.error ? esc(st.error) : "") + bestText + "</span>";
+    } else if (st.status === "queued") {
+      html = "<strong>Queued.</strong><span class=\"banner-detail\">Waiting for a worker to pick it up; this page updates by itself.</span>";
+    } else if (st.cancel_requested) {
+      kind = "cancelled";
+      html = "<strong>Cancelling…</strong><span class=\"banner-detail\">The worker stops the study at its next check.</span>";
+    }
+    if (html === null) {
+      banner.hidden = true;
+      return;
+    }
+    banner.className = "banner banner-" + kind;
+    banner.dataset.status = st.status;
+    banner.innerHTML = html;
+    banner.hidden = false;
+  }
+
+  function elapsedNow() {
+    var st = S.study;
+    if (!st.started_at) return null;
+    var end = st.finished_at ? Date.parse(st.finished_at) : Date.now() + S.clockOffset;
+    return Math.max(0, (end - Date.parse(st.started_at)) / 1000);
+  }
+
+  function ratioText(r, noun) {
+    if (!isNum(r) || r <= 0) return null;
+    if (Math.abs(r - 1) < 0.005) return "same " + noun;
+    return r < 1
+      ? '<span class="good">' + (1 / r).toFixed(1) + "× fewer</span> " + noun
+      : '<span class="bad">' + r.toFixed(1) + "× more</span> " + noun;
+  }
+  function sizeText(r) {
+    if (!isNum(r) || r <= 0) return null;
+    if (Math.abs(r - 1) < 0.005) return "same";
+    return r > 1 ? r.toFixed(1) + "× larger" : (1 / r).toFixed(1) + "× smaller";
+  }
+  function deltaText(d) {
+    if (!isNum(d)) return null;
+    var pp = d * 100;
+    var cls = pp >= -0.005 ? "good" : "bad";
+    return '<span class="' + cls + '">' + (pp >= 0 ? "+" : "−") + Math.abs(pp).toFixed(2) + " pp</span>";
+  }
+
+  function renderKpis() {
+    var st = S.study;
+    var name = objectiveName();
+    var best = st.best_trial_number != null ? S.trials.get(st.best_trial_number) : null;
+    var cards = [];
+    var bestLabel = name === "val_accuracy" ? "Best val accuracy" : "Best objective";
+    cards.push(
+      kpi(bestLabel, isNum(st.best_value) ? esc(fmtObjective(st.best_value, name)) : "—",
+        best ? "trial #" + best.number + " · <code>" + esc(best.summary || "") + "</code>" :
+          "no completed trial yet", "kpi-best")
+    );
+    var rows = S.comparison.filter(function (r) { return r.role === "baseline" && r.vs_best; });
+    var ref = rows.filter(function (r) { return r.baseline === "small_batch"; })[0] || rows[0];
+    if (ref && !ref.is_best) {
+      var v = ref.vs_best;
+      var steps = ratioText(v.steps_ratio, "steps");
+      cards.push(kpi("vs " + esc(baselineLabel(ref.baseline)),
+        isNum(v.steps_ratio) && v.steps_ratio > 0 ? (1 / v.steps_ratio).toFixed(1) + '<span class="unit">× fewer steps</span>' : "—",
+        [deltaText(v.accuracy_delta) ? deltaText(v.accuracy_delta) + " accuracy" : null,
+          ratioText(v.wall_time_ratio, "wall time")].filter(Boolean).join(" · ") || (steps || ""),
+        "kpi-baseline"));
+    } else {
+      cards.push(kpi("vs baselines", "—", ref && ref.is_best ? "a baseline is the best schedule" :
+        "shown once the best trial and a baseline have finished", "kpi-baseline"));
+    }
+    var c = S.counts;
+    var parts = ["completed", "stopped", "diverged", "failed", "running"]
+      .filter(function (k) { return c[k]; })
+      .map(function (k) { return c[k] + " " + k; });
+    var budget = Math.max(1, st.budget);
+    cards.push(kpi("Trials",
+      fmtInt(st.trials_done) + '<span class="unit">/ ' + fmtInt(st.budget) + "</span>",
+      parts.join(" · ") || "none yet", "kpi-trials",
+      '<div class="progress"><div class="progress-done" style="width:' + Math.min(100, 100 * st.trials_done / budget) +
+      '%"></div><div class="progress-running" style="width:' + Math.min(100, 100 * st.trials_running / budget) + '%"></div></div>'));
+    cards.push(kpi("Elapsed", '<span id="elapsed-value">' + esc(fmtDuration(elapsedNow())) + "</span>",
+      st.started_at ? esc(fmtTime(st.started_at)) + (st.finished_at ? " → " + esc(fmtTime(st.finished_at, st.started_at)) : " → now") +
+        (st.worker_id ? " · worker <code>" + esc(st.worker_id) + "</code>" : "") : "not started yet", "kpi-elapsed"));
+    el("kpis").innerHTML = cards.join("");
+  }
+  function kpi(label, value, sub, id, extra) {
+    return '<div class="kpi" id="' + id + '"><div class="kpi-label">' + label + '</div><div class="kpi-value">' + value +
+      '</div><div class="kpi-sub">' + sub + "</div>" + (extra || "") + "</div>";
+  }
+
+  // ---------------------------------------------------------------- learning curves
+
+  function curveOf(number) {
+    var c = S.curves.get(number);
+    return c && c.epoch.length ? c : null;
+  }
+
+  function renderCurves() {
+    var node = el("chart-curves");
+    var best = bestNumber();
+    var names = baselineNames();
+    var groups = { trial: [], running: [], diverged: [] };
+    var stoppedEnds = { x: [], y: [], n: [] };
+    var special = [];
+    trialList().forEach(function (t) {
+      var c = curveOf(t.number);
+      if (!c) return;
+      if (t.baseline || t.number === best || t.number === S.picked) {
+        special.push(t);
+        return;
+      }
+      var group = t.status === "diverged" || t.status === "failed" ? "diverged" : t.status === "running" ? "running" : "trial";
+      groups[group].push(t);
+      if (t.status === "stopped") {
+        for (var i = c.acc.length - 1; i >= 0; i--) {
+          if (isNum(c.acc[i])) {
+            stoppedEnds.x.push(c.epoch[i]);
+            stoppedEnds.y.push(c.acc[i]);
+            stoppedEnds.n.push(t.number);
+            break;
+          }
+        }
+      }
+    });
+    var traces = [];
+    function merged(list, name, line, legendrank) {
+      var x = [], y = [], n = [];
+      list.forEach(function (t) {
+        var c = curveOf(t.number);
+        for (var i = 0; i < c.epoch.length; i++) {
+          x.push(c.epoch[i]);
+          y.push(c.acc[i]);
+          n.push(t.number);
+        }
+        x.push(null);
+        y.push(null);
+        n.push(null);
+      });
+      return {
+        type: "scatter", mode: "lines", name: name + " (" + list.length + ")", x: x, y: y, customdata: n,
+        line: line, connectgaps: false, legendrank: legendrank, meta: "group",
+        hovertemplate: "trial #%{customdata}<br>epoch %{x}: %{y:.2%}<extra></extra>",
+      };
+    }
+    if (groups.trial.length) traces.push(merged(groups.trial, "tuned trials", { color: COLORS.trial, width: 1.2 }, 900));
+    if (groups.running.length) traces.push(merged(groups.running, "running", { color: COLORS.running, width: 1.6, dash: "dot" }, 800));
+    if (groups.diverged.length) traces.push(merged(groups.diverged, "diverged / failed", { color: COLORS.diverged, width: 1.2, dash: "dot" }, 850));
+    if (stoppedEnds.x.length) {
+      traces.push({
+        type: "scatter", mode: "markers", name: "stopped early", x: stoppedEnds.x, y: stoppedEnds.y, customdata: stoppedEnds.n,
+        marker: { symbol: "x-thin", size: 7, line: { width: 1.5, color: COLORS.trialPoint } }, legendrank: 950,
+        hovertemplate: "trial #%{customdata} stopped after epoch %{x}: %{y:.2%}<extra></extra>",
+      });
+    }
+    special.sort(function (a, b) { return rank(a) - rank(b); });
+    special.forEach(function (t) {
+      var c = curveOf(t.number);
+      var isBest = t.number === best;
+      var color = isBest ? COLORS.best : t.baseline ? baselineColor(t.baseline, names) : COLORS.picked;
+      var label = (isBest ? "best #" + t.number : t.baseline ? baselineLabel(t.baseline) : "trial #" + t.number) +
+        (isBest && t.baseline ? " (" + baselineLabel(t.baseline) + ")" : "");
+      traces.push({
+        type: "scatter", mode: "lines+markers", name: label, x: c.epoch, y: c.acc,
+        line: { color: color, width: isBest ? 3.5 : 2.4 }, marker: { size: isBest ? 5 : 4, color: color },
+        legendrank: isBest ? 1 : t.baseline ? 10 : 5, customdata: c.epoch.map(function () { return t.number; }),
+        hovertemplate: esc(label) + "<br>epoch %{x}: %{y:.2%}<extra></extra>",
+      });
+    });
+    if (!traces.length) {
+      emptyChart(node, "No epoch has been reported yet.");
+      return;
+    }
+    var yaxis = axis({ title: { text: "validation accuracy" }, tickformat: S.zoom === "top" ? ".1%" : ".0%" });
+    if (S.zoom === "top") {
+      var range = topRange();
+      if (range) {
+        yaxis.range = range;
+        yaxis.autorange = false;
+      }
+    }
+    draw(node, traces, baseLayout({
+      uirevision: S.zoom,
+      xaxis: axis({ title: { text: "epoch" }, rangemode: "tozero" }),
+      yaxis: yaxis,
+    }));
+  }
+  function topRange() {
+    // the band where the completed trials end: from their 10th percentile to the top
+    var finals = trialList()
+      .filter(function (t) { return t.status === "completed" && isNum(t.val_accuracy); })
+      .map(function (t) { return t.val_accuracy; })
+      .sort(function (a, b) { return a - b; });
+    if (!finals.length) return null;
+    var lo = finals[Math.floor(0.1 * (finals.length - 1))];
+    var hi = finals[finals.length - 1];
+    var pad = Math.max(0.004, (hi - lo) * 0.15);
+    return [lo - pad, hi + pad];
+  }
+
+  function rank(t) {
+    // draw order: picked, baselines, best on top
+    if (t.number === bestNumber()) return 3;
+    if (t.baseline) return 2;
+    return 1;
+  }
+
+  // ---------------------------------------------------------------- accuracy vs cost
+
+  function paretoFront(points) {
+    // maximise y (accuracy), minimise x (cost): sweep by cost, keep strict accuracy records
+    var sorted = points.slice().sort(function (a, b) { return a.x - b.x || b.y - a.y; });
+    var front = [];
+    var top = -Infinity;
+    sorted.forEach(function (p) {
+      if (p.y > top) {
+        front.push(p);
+        top = p.y;
+      }
+    });
+    return front;
+  }
+
+  function renderCost() {
+    var node = el("chart-cost");
+    var key = S.cost;
+    var best = bestNumber();
+    var names = baselineNames();
+    var costLabel = key === "steps" ? "optimizer steps" : "wall time (s)";
+    var completed = [], stopped = [], bases = [], bestPt = null, pickedPt = null;
+    trialList().forEach(function (t) {
+      if (!isNum(t.val_accuracy) || !isNum(t[key]) || t[key] <= 0) return;
+      if (t.status !== "completed" && t.status !== "stopped") return;
+      var p = { x: t[key], y: t.val_accuracy, t: t };
+      if (t.number === best) bestPt = p;
+      if (t.number === S.picked) pickedPt = p;
+      if (t.baseline) bases.push(p);
+      else if (t.status === "completed") completed.push(p);
+      else stopped.push(p);
+    });
+    var pool = completed.concat(bases.filter(function (p) { return p.t.status === "completed"; }));
+    if (bestPt && pool.indexOf(bestPt) < 0 && bestPt.t.status === "completed") pool.push(bestPt);
+    var front = paretoFront(pool);
+    function hover(p) {
+      return "trial #" + p.t.number + (p.t.baseline ? " · " + esc(baselineLabel(p.t.baseline)) : "") +
+        "<br>" + esc(p.t.summary || "") + "<br>accuracy " + fmtPct(p.y) + "<br>" +
+        (key === "steps" ? fmtInt(p.x) + " steps" : fmtDuration(p.x) + " wall time");
+    }
+    function markers(list, name, marker, extra) {
+      var tr = {
+        type: "scatter", mode: "markers", name: name, x: list.map(function (p) { return p.x; }),
+        y: list.map(function (p) { return p.y; }), customdata: list.map(function (p) { return p.t.number; }),
+        text: list.map(hover), hovertemplate: "%{text}<extra></extra>", marker: marker,
+      };
+      Object.keys(extra || {}).forEach(function (k) { tr[k] = extra[k]; });
+      return tr;
+    }
+    var traces = [];
+    var plain = completed.filter(function (p) { return p !== bestPt; });
+    if (plain.length) traces.push(markers(plain, "completed (" + plain.length + ")", { size: 8, color: "rgba(71, 85, 105, 0.55)", line: { width: 1, color: "#fff" } }, { legendrank: 900 }));
+    if (stopped.length) traces.push(markers(stopped, "stopped early (" + stopped.length + ")", { size: 7, symbol: "circle-open", color: "rgba(100, 116, 139, 0.65)" }, { legendrank: 950, visible: "legendonly" }));
+    if (front.length) {
+      traces.push({
+        type: "scatter", mode: "lines", name: "Pareto front", x: front.map(function (p) { return p.x; }),
+        y: front.map(function (p) { return p.y; }), line: { shape: "hv", color: COLORS.best, width: 2, dash: "dash" },
+        hoverinfo: "skip", legendrank: 20, meta: "pareto",
+      });
+    }
+    bases.forEach(function (p) {
+      if (p === bestPt) return;
+      var color = baselineColor(p.t.baseline, names);
+      traces.push(markers([p], baselineLabel(p.t.baseline), { size: 13, symbol: "diamond", color: color, line: { width: 1.5, color: "#fff" } }, { legendrank: 10 }));
+    });
+    if (bestPt) traces.push(markers([bestPt], "best #" + bestPt.t.number, { size: 19, symbol: "star", color: COLORS.best, line: { width: 1.5, color: "#fff" } }, { legendrank: 1 }));
+    if (pickedPt && pickedPt !== bestPt) traces.push(markers([pickedPt], "trial #" + pickedPt.t.number, { size: 17, symbol: "circle-open", color: COLORS.picked, line: { width: 3 } }, { legendrank: 5 }));
+    if (!traces.length) {
+      emptyChart(node, "No trial with an accuracy and a " + (key === "steps" ? "step count" : "wall time") + " yet.");
+      return;
+    }
+    draw(node, traces, baseLayout({
+      uirevision: S.cost,
+      xaxis: axis({ title: { text: costLabel + " (log)" }, type: "log", dtick: "D2" }),
+      yaxis: axis({ title: { text: "final validation accuracy" }, tickformat: ".1%" }),
+    }));
+  }
+
+  // ---------------------------------------------------------------- schedule picture
+
+  function pictureOf(number) {
+    return S.schedules[String(number)] || S.pictures.get(number) || null;
+  }
+
+  function loadPicture(number) {
+    if (pictureOf(number)) return Promise.resolve(pictureOf(number));
+    var url = S.links.schedule.replace("{number}", String(number));
+    return fetch(url, { headers: { Accept: "application/json" } })
+      .then(function (res) { return res.ok ? res.json() : Promise.reject(res.status); })
+      .then(function (pic) {
+        S.pictures.set(number, pic);
+        return pic;
+      });
+  }
+
+  function renderSchedule() {
+    var node = el("chart-schedule");
+    var best = bestNumber();
+    var names = baselineNames();
+    var shown = [];
+    trialList().forEach(function (t) {
+      if (t.baseline && t.number !== best && pictureOf(t.number)) shown.push({ t: t, color: baselineColor(t.baseline, names), label: baselineLabel(t.baseline), width: 2.2 });
+    });
+    if (best != null && pictureOf(best)) {
+      var bt = S.trials.get(best);
+      shown.push({ t: bt || { number: best }, color: COLORS.best, label: "best #" + best, width: 3.4 });
+    }
+    if (S.picked != null && S.picked !== best && pictureOf(S.picked)) {
+      var pt = S.trials.get(S.picked);
+      if (!(pt && pt.baseline)) shown.push({ t: pt || { number: S.picked }, color: COLORS.picked, label: "trial #" + S.picked, width: 2.6, dash: "dot" });
+    }
+    if (!shown.length) {
+      emptyChart(node, "The best schedule and the baselines appear here once trials have run; pick any trial above.");
+      return;
+    }
+    var traces = [];
+    var batches = [];
+    shown.forEach(function (s) {
+      var pic = pictureOf(s.t.number);
+      batches = batches.concat(pic.batch_sizes);
+      traces.push({
+        type: "scatter", mode: "lines", name: s.label, legendgroup: s.label, x: pic.batch_epochs, y: pic.batch_sizes,
+        line: { shape: "hv", color: s.color, width: s.width, dash: s.dash || "solid" }, xaxis: "x", yaxis: "y",
+        hovertemplate: esc(s.label) + "<br>epoch %{x}: batch %{y}<extra></extra>", meta: "batch",
+      });
+      traces.push({
+        type: "scatter", mode: "lines", name: s.label + " LR", legendgroup: s.label, showlegend: false, x: pic.lr_epochs,
+        y: pic.lrs.map(function (v) { return v > 0 ? v : null; }), // log axis: an LR decayed to 0 ends the line
+        line: { color: s.color, width: Math.max(1.6, s.width - 0.8), dash: s.dash || "solid" }, xaxis: "x", yaxis: "y2",
+        hovertemplate: esc(s.label) + "<br>epoch %{x:.2f}: LR %{y:.4g}<extra></extra>", meta: "lr",
+      });
+    });
+    var lo = Math.min.apply(null, batches), hi = Math.max.apply(null, batches);
+    var ticks = [];
+    for (var p = Math.floor(Math.log2(lo)); p <= Math.ceil(Math.log2(hi)); p++) ticks.push(Math.pow(2, p));
+    if (ticks.length > 9) ticks = ticks.filter(function (_, i) { return i % 2 === 0; });
+    draw(node, traces, baseLayout({
+      margin: { l: 62, r: 14, t: 34, b: 44 },
+      xaxis: axis({ title: { text: "epoch" }, anchor: "y2", rangemode: "tozero" }),
+      yaxis: axis({
+        title: { text: "batch size (log₂)" }, type: "log", domain: [0.5, 1], tickvals: ticks,
+        ticktext: ticks.map(function (v) { return fmtInt(v); }),
+        range: [Math.log10(lo) - 0.18, Math.log10(hi) + 0.18],
+      }),
+      yaxis2: axis({ title: { text: "learning rate (log)" }, domain: [0, 0.42], type: "log", dtick: 1 }),
+    }));
+  }
+
+  // ---------------------------------------------------------------- picking a trial
+
+  function renderPicker() {
+    var select = el("trial-picker");
+    var best = bestNumber();
+    var options = ['<option value="">best and baselines</option>'];
+    trialList().forEach(function (t) {
+      var tag = t.number === best ? "★ best · " : t.baseline ? baselineLabel(t.baseline) + " · " : "";
+      var acc = isNum(t.val_accuracy) ? " · " + fmtPct(t.val_accuracy, 1) : "";
+      options.push('<option value="' + t.number + '"' + (t.number === S.picked ? " selected" : "") + ">#" + t.number + " · " +
+        esc(tag + t.status + acc + " · " + (t.summary || "")) + "</option>");
+    });
+    var html = options.join("");
+    if (select.dataset.html !== html) {
+      select.innerHTML = html;
+      select.dataset.html = html;
+    }
+    select.value = S.picked == null ? "" : String(S.picked);
+    renderPickedActions();
+  }
+
+  function trialYaml(number) {
+    return S.links.trial_yaml.replace("{number}", String(number));
+  }
+
+  function renderPickedActions() {
+    var box = el("picked-actions");
+    if (S.picked == null) {
+      box.innerHTML = '<span class="muted">Click a table row, a point or a curve to compare a trial.</span>';
+      return;
+    }
+    var t = S.trials.get(S.picked);
+    if (!t) {
+      box.innerHTML = "";
+      return;
+    }
+    var canDownload = t.status !== "running";
+    box.innerHTML = '<span class="muted">trial #' + t.number + " · <code>" + esc(t.summary || "") + "</code></span>" +
+      (canDownload
+        ? '<a class="button button-small" id="download-picked" href="' + esc(trialYaml(t.number)) + '" download>Download YAML</a>'
+        : '<span class="muted">(running: YAML once it finishes)</span>');
+  }
+
+  function pick(number) {
+    S.picked = number;
+    renderPicker();
+    renderTableSelection();
+    renderCurves();
+    renderCost();
+    if (number == null) {
+      renderSchedule();
+      return;
+    }
+    loadPicture(number).then(function () {
+      if (S.picked === number) renderSchedule();
+    }, function () {
+      renderSchedule();
+    });
+  }
+
+  // ---------------------------------------------------------------- best vs baselines
+
+  function renderComparison() {
+    var box = el("comparison");
+    var names = baselineNames();
+    if (!S.comparison.length) {
+      box.innerHTML = '<div class="chart-empty" style="height:90px">Shown once a trial has completed.</div>';
+      el("comparison-note").textContent = "";
+      return;
+    }
+    var rows = S.comparison.map(function (r) {
+      var isBestRow = r.role === "best";
+      var color = isBestRow ? COLORS.best : baselineColor(r.baseline, names);
+      var label = isBestRow ? "Best · #" + r.number + (r.baseline ? " (" + baselineLabel(r.baseline) + ")" : "") :
+        baselineLabel(r.baseline) + " · #" + r.number;
+      var v = r.vs_best || {};
+      function cell(text, delta) {
+        return "<td>" + text + (delta && !isBestRow ? '<span class="delta">' + delta + "</span>" : "") + "</td>";
+      }
+      return '<tr class="' + (isBestRow ? "row-best" : "") + '" data-role="' + r.role + '" data-number="' + esc(r.number) + '">' +
+        '<td><span class="swatch" style="background:' + color + '"></span>' + esc(label) +
+        '<div class="muted small"><code>' + esc(r.summary || "") + "</code></div></td>" +
+        cell(fmtPct(r.val_accuracy), v.accuracy_delta != null ? "best " + deltaText(v.accuracy_delta) : "") +
+        cell(fmtInt(r.steps), ratioText(v.steps_ratio, "")) +
+        cell(fmtDuration(r.wall_time_s), ratioText(v.wall_time_ratio, "")) +
+        cell(fmtBatch(r.mean_batch_size), sizeText(v.mean_batch_size_ratio)) +
+        "</tr>";
+    });
+    box.innerHTML = '<table id="comparison-table"><thead><tr><th>Schedule</th><th>Val accuracy</th><th>Steps</th><th>Wall time</th><th>Mean batch</th></tr></thead><tbody>' +
+      rows.join("") + "</tbody></table>";
+    el("comparison-note").textContent = S.comparison[0].role !== "best" ? "no best trial yet" :
+      "under each baseline: the best schedule against it" + (S.study.finished ? "" : " (so far)");
+  }
+
+  // ---------------------------------------------------------------- parameter importance
+
+  function loadImportance(force) {
+    var imp = S.importance;
+    if (imp.pending) return;
+    var done = S.study.trials_done;
+    if (!force && (done === imp.trialsDone || Date.now() - imp.at < 15000)) return;
+    imp.pending = true;
+    fetch(S.links.importance, { headers: { Accept: "application/json" } })
+      .then(function (res) { return res.ok ? res.json() : Promise.reject(res.status); })
+      .then(function (result) {
+        imp.trialsDone = done;
+        renderImportance(result);
+      }, function () {
+        el("importance-note").textContent = "could not load parameter importance";
+      })
+      .then(function () {
+        imp.at = Date.now();
+        imp.pending = false;
+      });
+  }
+
+  function renderImportance(result) {
+    var node = el("chart-importance");
+    el("importance-note").textContent = result.available ? result.note : "";
+    node.dataset.available = result.available ? "true" : "false";
+    if (!result.available) {
+      emptyChart(node, result.note);
+      return;
+    }
+    var palette = [COLORS.best, "#f59e0b"];
+    var order = result.objectives[0].params.slice(0, 12).map(function (p) { return p.name; });
+    var traces = result.objectives.map(function (o, i) {
+      var values = {};
+      o.params.forEach(function (p) { values[p.name] = p.importance; });
+      return {
+        type: "bar", orientation: "h", name: o.name, y: order.slice().reverse(),
+        x: order.slice().reverse().map(function (n) { return values[n] || 0; }),
+        marker: { color: palette[i % palette.length] },
+        hovertemplate: "%{y}: %{x:.1%}<extra>" + esc(o.name) + "</extra>",
+      };
+    });
+    node.style.height = Math.max(160, 60 + order.length * 24 * Math.max(1, traces.length * 0.7)) + "px";
+    draw(node, traces, baseLayout({
+      margin: { l: 110, r: 14, t: traces.length > 1 ? 30 : 8, b: 36 },
+      showlegend: traces.length > 1, barmode: "group",
+      xaxis: axis({ tickformat: ".0%", title: { text: "importance (fANOVA)" }, rangemode: "tozero" }),
+      yaxis: axis({ automargin: true }),
+    }));
+  }
+
+  // ---------------------------------------------------------------- trial table
+
+  function compareRows(a, b) {
+    var key = S.sort.key, dir = S.sort.dir;
+    var x = a[key], y = b[key];
+    var missX = x == null || x === "", missY = y == null || y === "";
+    if (missX || missY) {
+      if (missX && missY) return a.number - b.number;
+      return missX ? 1 : -1; // missing values last, whatever the direction
+    }
+    var c = typeof x === "number" && typeof y === "number" ? x - y : String(x).localeCompare(String(y));
+    return c !== 0 ? c * dir : a.number - b.number;
+  }
+
+  function matches(t, needle) {
+    if (!needle) return true;
+    var hay = ["#" + t.number, t.status, t.stop_reason, t.baseline, t.baseline ? baselineLabel(t.baseline) + " baseline" : "",
+      t.summary, t.number === bestNumber() ? "best" : ""].join(" ").toLowerCase();
+    return needle.split(/\s+/).every(function (w) { return hay.indexOf(w) >= 0; });
+  }
+
+  function renderTable() {
+    var best = bestNumber();
+    var names = baselineNames();
+    var all = trialList();
+    var rows = all.filter(function (t) { return matches(t, S.filter); }).sort(compareRows);
+    var html = rows.map(function (t) {
+      var tags = "";
+      if (t.number === best) tags += '<span class="badge badge-best">★ best</span> ';
+      if (t.baseline) {
+        tags += '<span class="badge badge-baseline" style="color:' + baselineColor(t.baseline, names) +
+          '" title="baseline ' + esc(t.baseline) + ": " + esc(baselineLabel(t.baseline)) + '">baseline · ' +
+          esc(t.baseline.replace(/_/g, " ")) + "</span>";
+      }
+      var yaml = t.status === "running" ? '<span class="muted">—</span>' :
+        '<a class="yaml-link" href="' + esc(trialYaml(t.number)) + '" download title="Download trial ' + t.number + ' schedule YAML">YAML</a>';
+      return '<tr data-number="' + t.number + '" class="' + (t.number === best ? "is-best" : "") + (t.number === S.picked ? " is-picked" : "") + '">' +
+        '<td><span class="trial-num">' + t.number + "</span>" + tags + "</td>" +
+        '<td><span class="badge badge-' + esc(t.status) + '">' + (t.status === "running" ? '<span class="dot"></span>' : "") + esc(t.status) + "</span></td>" +
+        '<td class="reason" title="' + esc(t.stop_reason || "") + '">' + esc(t.stop_reason || "") + "</td>" +
+        '<td class="schedule">' + esc(t.summary || "invalid schedule") + "</td>" +
+        '<td class="num" data-value="' + (isNum(t.val_accuracy) ? t.val_accuracy : "") + '">' + fmtPct(t.val_accuracy) + "</td>" +
+        '<td class="num">' + fmtInt(t.steps) + "</td>" +
+        '<td class="num">' + fmtDuration(t.wall_time_s) + "</td>" +
+        '<td class="num">' + fmtBatch(t.mean_batch_size) + "</td>" +
+        '<td class="num">' + fmtInt(t.epochs_done) + "</td>" +
+        '<td class="num">' + yaml + "</td></tr>";
+    }).join("");
+    el("trials-body").innerHTML = html || '<tr><td colspan="10" class="muted">' + (all.length ? "No trial matches the filter." : "No trials yet.") + "</td></tr>";
+    el("trial-count").textContent = rows.length === all.length ? "(" + all.length + ")" : "(" + rows.length + " of " + all.length + ")";
+    document.querySelectorAll("#trials-table th.sortable").forEach(function (th) {
+      if (th.dataset.key === S.sort.key) th.setAttribute("aria-sort", S.sort.dir > 0 ? "ascending" : "descending");
+      else th.removeAttribute("aria-sort");
+    });
+  }
+
+  function renderTableSelection() {
+    document.querySelectorAll("#trials-body tr[data-number]").forEach(function (tr) {
+      tr.classList.toggle("is-picked", Number(tr.dataset.number) === S.picked);
+    });
+  }
+
+  // ---------------------------------------------------------------- live updates
+
+  function renderAll() {
+    renderHeader();
+    renderKpis();
+    renderCurves();
+    renderCost();
+    renderSchedule();
+    renderComparison();
+    renderPicker();
+    renderTable();
+    el("updated-at").textContent = (S.live ? "Live · updated " : "Final data · loaded ") + new Date().toLocaleTimeString();
+  }
+
+  function poll() {
+    var url = S.links.data + "?since=" + encodeURIComponent(S.serverTime);
+    var headers = { Accept: "application/json" };
+    if (S.etag) headers["If-None-Match"] = S.etag;
+    fetch(url, { cache: "no-store", headers: headers })
+      .then(function (res) {
+        if (res.status === 304) return null;
+        return res.ok ? res.json() : Promise.reject(res.status);
+      })
+      .then(function (data) {
+        if (data) {
+          merge(data);
+          renderAll();
+          loadImportance(!S.live);
+        }
+        el("live-indicator").classList.remove("is-offline");
+      }, function () {
+        el("updated-at").textContent = "Cannot reach the server; retrying…";
+      })
+      .then(function () {
+        if (S.live) window.setTimeout(poll, POLL_MS);
+      });
+  }
+
+  function segmented(id, onPick) {
+    var buttons = document.querySelectorAll("#" + id + " .seg");
+    buttons.forEach(function (btn) {
+      btn.addEventListener("click", function () {
+        buttons.forEach(function (b) {
+          b.classList.toggle("is-active", b === btn);
+          b.setAttribute("aria-pressed", b === btn ? "true" : "false");
+        });
+        onPick(btn);
+      });
+    });
+  }
+
+  function initStudy() {
+    var data = JSON.parse(el("study-data").textContent);
+    loadState(data);
+    renderAll();
+    loadImportance(true);
+
+    document.querySelectorAll("#trials-table th.sortable").forEach(function (th) {
+      th.addEventListener("click", function () {
+        var key = th.dataset.key;
+        S.sort = { key: key, dir: S.sort.key === key ? -S.sort.dir : 1 };
+        renderTable();
+      });
+    });
+    el("trials-body").addEventListener("click", function (ev) {
+      if (ev.target.closest("a")) return;
+      var tr = ev.target.closest("tr[data-number]");
+      if (tr) pick(Number(tr.dataset.number));
+    });
+    el("trial-filter").addEventListener("input", function (ev) {
+      S.filter = ev.target.value.trim().toLowerCase();
+      renderTable();
+    });
+    el("trial-picker").addEventListener("change", function (ev) {
+      pick(ev.target.value === "" ? null : Number(ev.target.value));
+    });
+    segmented("cost-toggle", function (btn) {
+      S.cost = btn.dataset.cost;
+      renderCost();
+    });
+    segmented("curves-toggle", function (btn) {
+      S.zoom = btn.dataset.zoom;
+      renderCurves();
+    });
+    ["chart-curves", "chart-cost"].forEach(function (id) {
+      var node = el(id);
+      var hook = function () {
+        if (node.on && !node.dataset.clickHooked) {
+          node.dataset.clickHooked = "1";
+          node.on("plotly_click", function (ev) {
+            var pt = ev.points && ev.points[0];
+            if (pt && pt.customdata != null && isNum(Number(pt.customdata))) pick(Number(pt.customdata));
+          });
+        }
+      };
+      hook();
+      node.addEventListener("mouseenter", hook);
+    });
+    window.setInterval(function () {
+      if (!S.live) return;
+      var node = el("elapsed-value");
+      if (node) node.textContent = fmtDuration(elapsedNow());
+    }, 1000);
+    if (S.live) window.setTimeout(poll, POLL_MS);
+  }
+
+  function init() {
+    var page = document.body.dataset.page;
+    if (page === "studies") initStudies();
+    else if (page === "study") initStudy();
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
+  else init();
+})();

@@ -1,0 +1,274 @@
+"""The dashboard's routes through the app (SQLite and PostgreSQL): pages, page data, live
+updates, assets and their caching, parameter importance from the Optuna storage, auth."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from api.dashboard import plotly_js_path
+from tests.api.conftest import Seeded, make_settings, open_client, seed_running_study
+from tuner.store import StudyStore
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+
+def embedded_data(html: str) -> dict[str, Any]:
+    match = re.search(r'<script type="application/json" id="study-data">(.*?)</script>', html, re.S)
+    assert match is not None, "the study page embeds its data"
+    data: dict[str, Any] = json.loads(match.group(1))
+    return data
+
+
+@pytest.fixture
+def seeded(store: StudyStore) -> Seeded:
+    return seed_running_study(store)
+
+
+# -- pages -----------------------------------------------------------------------------------------
+
+
+def test_studies_page_lists_studies_with_progress(client: TestClient, seeded: Seeded) -> None:
+    response = client.get("/")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    html = response.text
+    assert f'href="/studies/{seeded.study_id}"' in html
+    assert 'class="badge badge-running"' in html
+    assert "3 / 6" in html  # trials done / budget
+    assert "1 running" in html
+    assert "90.00%" in html  # the best so far
+    assert 'data-live="true"' in html  # refreshes itself while a study runs
+
+
+def test_studies_page_without_studies(client: TestClient) -> None:
+    html = client.get("/").text
+    assert "No studies yet" in html
+    assert 'data-live="false"' in html
+
+
+def test_study_page_embeds_all_its_data(client: TestClient, seeded: Seeded) -> None:
+    response = client.get(f"/studies/{seeded.study_id}")
+    assert response.status_code == 200
+    assert response.headers["cache-control"] == "no-store"
+    data = embedded_data(response.text)
+    assert data["study"]["id"] == seeded.study_id
+    assert data["live"] is True
+    assert [t["number"] for t in data["trials"]] == [0, 1, 2, 3]
+    assert data["trials"][0]["baseline"] == "small_batch"
+    assert data["trials"][2]["status"] == "diverged"
+    assert data["curves"]["1"] == {"epoch": [1, 2], "acc": [0.51, 0.61], "loss": [1.0, 0.9]}
+    assert data["curves"]["3"]["epoch"] == [1]  # the running trial so far
+    assert set(data["schedules"]) == {"0", "1"}  # the baseline and the best trial
+    assert data["schedules"]["1"]["batch_sizes"] == [32, 128, 128]
+    assert data["links"]["best_yaml"] == f"/api/v1/studies/{seeded.study_id}/schedule.yaml"
+    # Everything the page loads comes from this server.
+    assert "https://" not in response.text
+    assert "http://" not in response.text
+    for asset in re.findall(r'(?:src|href)="(/dashboard/static/[^"]+)"', response.text):
+        assert client.get(asset).status_code == 200
+
+
+def test_study_page_of_an_unknown_study_is_a_404_page(client: TestClient) -> None:
+    response = client.get("/studies/999")
+    assert response.status_code == 404
+    assert "Study 999 does not exist" in response.text
+    assert response.headers["content-type"].startswith("text/html")
+
+
+def test_names_cannot_break_out_of_the_page(client: TestClient, store: StudyStore) -> None:
+    evil = "</script><script>alert(1)</script>"
+    study_id = store.create_study("digits", {"task": "digits"}, 3, name=evil).id
+    page = client.get(f"/studies/{study_id}").text
+    assert "<script>alert(1)" not in page
+    assert embedded_data(page)["study"]["name"] == evil
+    assert "<script>alert(1)" not in client.get("/").text
+
+
+# -- page data and live updates --------------------------------------------------------------------
+
+
+def test_page_data_endpoint_with_etag(client: TestClient, seeded: Seeded) -> None:
+    url = f"/dashboard/data/studies/{seeded.study_id}"
+    first = client.get(url)
+    assert first.status_code == 200
+    data = first.json()
+    assert data["incremental"] is False
+    assert len(data["trials"]) == 4
+    assert first.headers["etag"] == data["etag"]
+    again = client.get(url, headers={"If-None-Match": data["etag"]})
+    assert again.status_code == 304
+    assert again.content == b""
+
+
+def test_page_data_since_returns_what_changed(
+    client: TestClient, store: StudyStore, seeded: Seeded
+) -> None:
+    url = f"/dashboard/data/studies/{seeded.study_id}"
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    data = client.get(url, params={"since": later}).json()
+    assert data["incremental"] is True
+    assert [t["number"] for t in data["trials"]] == [seeded.running_number]
+    assert data["trial_total"] == 4
+    # A trial added afterwards is part of the next answer, with its curve.
+    trial = store.create_trial(
+        seeded.study_id, 4, {**store.get_trial(seeded.study_id, 0).schedule}, {}
+    )
+    store.add_epoch_metrics(trial.id, 0, {"val_accuracy": 0.42})
+    data = client.get(url, params={"since": later}).json()
+    assert [t["number"] for t in data["trials"]] == [3, 4]
+    assert data["curves"]["4"]["acc"] == [0.42]
+    bad = client.get(url, params={"since": "yesterday"})
+    assert bad.status_code == 422
+    assert "ISO 8601" in bad.json()["error"]["message"]
+
+
+def test_page_data_of_a_finished_study_is_not_live(
+    client: TestClient, store: StudyStore, seeded: Seeded
+) -> None:
+    store.finish_study(seeded.study_id, "failed", error="worker lost")
+    data = client.get(f"/dashboard/data/studies/{seeded.study_id}").json()
+    assert data["live"] is False
+    assert data["study"]["status"] == "failed"
+    assert data["study"]["error"] == "worker lost"
+    assert data["counts"]["failed"] == 1  # the running trial was failed with the study
+
+
+def test_trial_schedule_picture(client: TestClient, seeded: Seeded) -> None:
+    picture = client.get(f"/dashboard/data/studies/{seeded.study_id}/trials/2/schedule").json()
+    assert picture["number"] == 2
+    assert picture["batch_epochs"] == [0, 2, 4]
+    assert picture["batch_sizes"] == [64, 256, 256]
+    assert picture["summary"] == "64@0-2 -> 256@2-4"
+    missing = client.get(f"/dashboard/data/studies/{seeded.study_id}/trials/99/schedule")
+    assert missing.status_code == 404
+
+
+def test_dashboard_routes_stay_out_of_the_openapi_document(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    assert not [p for p in paths if not p.startswith("/api/v1")]
+
+
+# -- assets ----------------------------------------------------------------------------------------
+
+
+def test_plotly_comes_from_the_installed_package_with_caching(client: TestClient) -> None:
+    html = client.get("/").text
+    assert "plotly" not in html  # the studies page draws no chart
+    page = client.get("/studies/1").text  # a 404 page still links the assets it needs
+    assert "dashboard.css" in page
+    expected = plotly_js_path().read_bytes()
+    plain = client.get("/dashboard/static/plotly.min.js", headers={"Accept-Encoding": "identity"})
+    assert plain.status_code == 200
+    assert plain.content == expected
+    assert plain.headers["content-type"].startswith("text/javascript")
+    assert plain.headers["cache-control"] == "public, max-age=300"
+    etag = plain.headers["etag"]
+    version = etag.strip('"')
+    versioned = client.get(
+        f"/dashboard/static/plotly.min.js?v={version}", headers={"Accept-Encoding": "gzip"}
+    )
+    assert versioned.headers["cache-control"] == "public, max-age=31536000, immutable"
+    assert versioned.headers["content-encoding"] == "gzip"
+    assert versioned.content == expected  # httpx decodes it
+    assert int(versioned.headers["content-length"]) < len(expected) / 2
+    cached = client.get("/dashboard/static/plotly.min.js", headers={"If-None-Match": etag})
+    assert cached.status_code == 304
+
+
+def test_own_assets_and_unknown_ones(client: TestClient) -> None:
+    js = client.get("/dashboard/static/dashboard.js")
+    assert js.status_code == 200
+    assert b"Plotly.react" in js.content
+    assert client.get("/dashboard/static/dashboard.css").status_code == 200
+    assert client.get("/dashboard/static/../app.py").status_code == 404
+    assert client.get("/dashboard/static/secret.txt").status_code == 404
+
+
+def test_pages_follow_read_auth_but_assets_do_not(url: str, seeded: Seeded) -> None:
+    settings = make_settings(url, tokens=["s3cret"], protect_reads=True)
+    with open_client(settings) as client:
+        assert client.get("/").status_code == 401
+        assert client.get(f"/studies/{seeded.study_id}").status_code == 401
+        assert client.get(f"/dashboard/data/studies/{seeded.study_id}").status_code == 401
+        assert client.get("/dashboard/static/dashboard.js").status_code == 200
+        auth = {"Authorization": "Bearer s3cret"}
+        assert client.get("/", headers=auth).status_code == 200
+        assert client.get(f"/studies/{seeded.study_id}", headers=auth).status_code == 200
+
+
+def test_responses_are_compressed_for_browsers(client: TestClient, seeded: Seeded) -> None:
+    response = client.get(f"/studies/{seeded.study_id}", headers={"Accept-Encoding": "gzip"})
+    assert response.headers["content-encoding"] == "gzip"
+    assert embedded_data(response.text)["study"]["id"] == seeded.study_id
+    raw = client.get(f"/studies/{seeded.study_id}", headers={"Accept-Encoding": "identity"})
+    assert "content-encoding" not in raw.headers
+    assert embedded_data(raw.text)["study"]["id"] == seeded.study_id
+
+
+# -- parameter importance --------------------------------------------------------------------------
+
+
+def _optuna_study(url: str, name: str, n: int) -> None:
+    """An Optuna study (maximise) in the database at ``url``, as the engine leaves one."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        _fill_optuna_study(
+            optuna.create_study(storage=storage, study_name=name, direction="maximize"), n
+        )
+    finally:
+        storage.engine.dispose()
+
+
+def _fill_optuna_study(study: Any, n: int) -> None:
+    """``n`` trials whose value depends on ``batch_exp_0`` alone, and an infeasible one."""
+    study.set_user_attr("stagetune_objective", ["val_accuracy"])
+    for _ in range(n):
+        trial = study.ask()
+        exp = trial.suggest_int("batch_exp_0", 5, 10)
+        mult = trial.suggest_float("lr_mult_0", 0.25, 4.0, log=True)
+        noise = trial.suggest_float("warmup_0", 0.0, 1.0)
+        study.tell(trial, 0.95 - 0.01 * exp + 0.0001 * mult + 0.00001 * noise)
+    infeasible = study.ask()
+    infeasible.suggest_int("batch_exp_0", 5, 10)
+    infeasible.set_user_attr("stagetune_infeasible", True)
+    study.tell(infeasible, -1.0)
+
+
+def test_importance_without_optuna_storage(client: TestClient, seeded: Seeded) -> None:
+    result = client.get(f"/dashboard/data/studies/{seeded.study_id}/importance").json()
+    assert result["available"] is False
+    assert "no Optuna" in result["note"]
+
+
+def test_importance_from_the_optuna_study_in_the_same_database(
+    client: TestClient, url: str, seeded: Seeded
+) -> None:
+    _optuna_study(url, f"stagetune-study-{seeded.study_id}", 12)
+    result = client.get(f"/dashboard/data/studies/{seeded.study_id}/importance").json()
+    assert result["available"] is True, result
+    assert result["n_trials"] == 12  # the infeasible trial is left out
+    ranking = result["objectives"][0]["params"]
+    assert ranking[0]["name"] == "batch_exp_0"  # the accuracy depends on it alone
+    assert sum(p["importance"] for p in ranking) == pytest.approx(1.0, abs=1e-3)
+    again = client.get(f"/dashboard/data/studies/{seeded.study_id}/importance").json()
+    assert again["cached"] is True
+    assert again["objectives"] == result["objectives"]
+
+
+def test_importance_needs_enough_trials(client: TestClient, url: str, seeded: Seeded) -> None:
+    _optuna_study(url, f"stagetune-study-{seeded.study_id}", 3)
+    result = client.get(f"/dashboard/data/studies/{seeded.study_id}/importance").json()
+    assert result["available"] is False
+    assert "at least 5" in result["note"]
+    assert result["n_trials"] == 3

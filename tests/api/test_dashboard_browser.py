@@ -1,0 +1,734 @@
+"""The dashboard in a real browser: a real server (uvicorn, ``create_app`` on a SQLite file)
+and headless Chromium driven by Playwright.
+
+The database holds a finished study built like the engine builds one (baselines from
+:func:`tuner.baselines.build_baselines`, tuned schedules drawn by Optuna from the real search
+space into an Optuna study in the same database, ASHA-stopped shorter curves, a diverged and
+a failed trial, the engine's summary) and a running study. The tests check what a user sees:
+charts drawn with the right traces, sorting, downloads that are valid schedules, and a
+running study updating without a reload. The study page is saved as
+``test-artifacts/study-page.png``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.baselines import build_baselines
+from tuner.objectives import StudyObjective, TrialOutcome, summarize
+from tuner.schedule import Schedule
+from tuner.space import ScheduleSpace
+from tuner.spec import StudySpec, TaskDefaults
+from tuner.store import StudyStore, TrialRecord, TrialStatus
+from tuner.store.migrate import upgrade
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+TRAIN_SIZE = 50_000
+EPOCHS = 12
+FINISHED_SPEC = f"""\
+task: cifar10
+name: resnet18-cifar10
+schedule: {{total_epochs: {EPOCHS}, base_lr: 0.1, base_batch_size: 64}}
+space: {{batch_size: {{min: 64, max: 2048}}, stages: {{min: 1, max: 3}}}}
+budget: {{trials: 26}}
+"""
+RUNNING_SPEC = f"""\
+task: cifar10
+name: live-sweep
+schedule: {{total_epochs: {EPOCHS}, base_lr: 0.1, base_batch_size: 64}}
+space: {{batch_size: {{min: 64, max: 2048}}, stages: {{min: 1, max: 3}}}}
+budget: {{trials: 12}}
+"""
+
+
+# -- a realistic study, built through the store (and Optuna, as the engine does) -------------------
+
+
+class FakeClock:
+    """The store's clock for the finished study: it ran a few hours ago."""
+
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def _space(spec: StudySpec) -> ScheduleSpace:
+    resolved = spec.resolve(TaskDefaults(epochs=EPOCHS, base_batch_size=64, base_lr=0.1))
+    return ScheduleSpace.from_spec(resolved)
+
+
+#: Final accuracies of the baselines (large batches lose accuracy, as in the literature).
+BASELINE_ACCURACY = {"small_batch": 0.9335, "large_batch": 0.8790, "increase_batch": 0.9318}
+
+
+def _final_accuracy(schedule: Schedule, rng: random.Random) -> float:
+    """A plausible final accuracy: small early batches train best, growing the batch later
+    costs little, far-off LRs hurt."""
+    early = schedule.batch_size_at(0)
+    late = schedule.stages[-1].batch_size
+    lr_penalty = abs(math.log(schedule.peak_lr(0) / (0.1 * early / 64))) * 0.005
+    acc = (
+        0.9365
+        - 0.0105 * math.log2(early / 64)
+        + 0.0009 * min(3.0, math.log2(late / early))
+        - 0.0012 * math.log2(max(1, late / 512))
+    )
+    return min(0.95, acc - lr_penalty + rng.gauss(0, 0.002))
+
+
+def _epoch_seconds(batch: int) -> float:
+    return TRAIN_SIZE / (9000 * batch / (batch + 192))
+
+
+@dataclass
+class TrialPlan:
+    """One trial to record: its schedule, how it ends and its learning curve."""
+
+    number: int
+    schedule: Schedule
+    params: dict[str, Any]
+    baseline: str | None
+    status: TrialStatus
+    epochs: int
+    final_acc: float
+    stop_reason: str
+    curve: list[float] = field(default_factory=list)
+
+
+def _curve(final: float, epochs: int, schedule: Schedule, rng: random.Random) -> list[float]:
+    """Validation accuracy after each of the first ``epochs`` epochs of a run that would end
+    at ``final`` after all of them (exactly ``final`` at the last epoch)."""
+    tau = 2.0 + 0.35 * math.log2(schedule.batch_size_at(0) / 32)
+    scale = final / (1 - 0.8 * math.exp(-EPOCHS / tau))
+    curve = [
+        max(0.1, scale * (1 - 0.8 * math.exp(-(e + 1) / tau)) + rng.gauss(0, 0.0015))
+        for e in range(epochs)
+    ]
+    if epochs == EPOCHS:
+        curve[-1] = final
+    return curve
+
+
+def _record(
+    store: StudyStore, study_id: int, plan: TrialPlan, tick: Callable[[float], None]
+) -> int:
+    """Create, report and finish one trial through the store; returns its id."""
+    trial = store.create_trial(
+        study_id, plan.number, plan.schedule.to_dict(), plan.params, baseline=plan.baseline
+    )
+    steps = samples = 0
+    wall = 0.0
+    for epoch in range(plan.epochs):
+        batch = plan.schedule.batch_size_at(epoch)
+        steps += TRAIN_SIZE // batch
+        samples += (TRAIN_SIZE // batch) * batch
+        seconds = _epoch_seconds(batch)
+        wall += seconds
+        tick(seconds)
+        diverged = plan.status is TrialStatus.DIVERGED and epoch == plan.epochs - 1
+        acc = plan.curve[epoch]
+        store.add_epoch_metrics(
+            trial.id,
+            epoch,
+            {
+                "epoch": epoch,
+                "val_accuracy": 0.1 if diverged else acc,
+                "val_loss": math.nan if diverged else 2.3 * (1 - acc) + 0.1,
+                "train_loss": 2.0 * (1 - acc),
+                "epoch_time_s": seconds,
+                "samples_per_s": samples / wall,
+                "steps": steps,
+                "samples": samples,
+                "batch_size": batch,
+                "lr": plan.schedule.lr_at(epoch),
+                "diverged": diverged,
+                "wall_time_s": wall,
+            },
+        )
+    if plan.status is TrialStatus.RUNNING:
+        return trial.id
+    final: dict[str, Any] = {"steps": steps, "samples": samples, "wall_time_s": round(wall, 2)}
+    if steps:
+        final["mean_batch_size"] = samples / steps
+    if plan.status in (TrialStatus.COMPLETED, TrialStatus.STOPPED):
+        final["val_accuracy"] = plan.curve[-1]
+        final["objective_values"] = {"val_accuracy": plan.curve[-1]}
+    store.finish_trial(trial.id, plan.status, stop_reason=plan.stop_reason, final=final)
+    return trial.id
+
+
+def _plans(
+    spec: StudySpec, n_tuned: int, seed: int, optuna_url: str | None, optuna_name: str
+) -> list[TrialPlan]:
+    """Baselines, then ``n_tuned`` schedules drawn by Optuna from the study's space (told to
+    an Optuna study at ``optuna_url`` like the engine tells them)."""
+    import optuna
+
+    rng = random.Random(seed)
+    space = _space(spec)
+    plans: list[TrialPlan] = []
+    for base in build_baselines(space, TRAIN_SIZE):
+        final = BASELINE_ACCURACY[base.name]
+        plans.append(
+            TrialPlan(
+                number=len(plans),
+                schedule=base.schedule,
+                params={},
+                baseline=base.name,
+                status=TrialStatus.COMPLETED,
+                epochs=EPOCHS,
+                final_acc=final,
+                stop_reason=f"trained all {EPOCHS} epochs",
+                curve=_curve(final, EPOCHS, base.schedule, rng),
+            )
+        )
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(optuna_url) if optuna_url else None
+    try:
+        study = optuna.create_study(
+            storage=storage,
+            study_name=optuna_name,
+            direction="maximize",
+            sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=5),
+        )
+        study.set_user_attr("stagetune_objective", ["val_accuracy"])
+        _tuned_plans(study, space, plans, n_tuned, rng)
+    finally:
+        if storage is not None:
+            storage.engine.dispose()
+    return plans
+
+
+def _tuned_plans(
+    study: Any, space: ScheduleSpace, plans: list[TrialPlan], n_tuned: int, rng: random.Random
+) -> None:
+    """Ask Optuna for ``n_tuned`` schedules, "train" them and tell the results."""
+    import optuna
+
+    for i in range(n_tuned):
+        trial = study.ask()
+        schedule = space.sample(trial)
+        number = len(plans)
+        final = _final_accuracy(schedule, rng)
+        # ASHA (grace 1 epoch, reduction factor 3) cuts weak trials at epochs 1, 3 and 9.
+        epochs = EPOCHS
+        if final < 0.895:
+            epochs = 1
+        elif final < 0.912:
+            epochs = 3
+        elif final < 0.925 and i % 2:
+            epochs = 9
+        status = TrialStatus.COMPLETED if epochs == EPOCHS else TrialStatus.STOPPED
+        reason = (
+            f"trained all {EPOCHS} epochs"
+            if epochs == EPOCHS
+            else f"stopped early after {epochs} of {EPOCHS} epochs"
+        )
+        if i == 6:
+            status, epochs, reason = (
+                TrialStatus.DIVERGED,
+                3,
+                "the loss became non-finite in epoch 3",
+            )
+        elif i == 11:
+            status, epochs, reason = (
+                TrialStatus.FAILED,
+                1,
+                "the trial raised an error: RayActorError: the worker died unexpectedly",
+            )
+        curve = _curve(final, EPOCHS, schedule, rng)[:epochs]
+        plans.append(
+            TrialPlan(
+                number, schedule, dict(trial.params), None, status, epochs, final, reason, curve
+            )
+        )
+        if status in (TrialStatus.COMPLETED, TrialStatus.STOPPED):
+            study.tell(trial, curve[-1])
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+
+def _outcome(plan: TrialPlan, record: Any) -> TrialOutcome:
+    done = plan.status in (TrialStatus.COMPLETED, TrialStatus.STOPPED)
+    return TrialOutcome(
+        number=plan.number,
+        baseline=plan.baseline,
+        schedule=plan.schedule.to_dict(),
+        status=plan.status.value,
+        stop_reason=plan.stop_reason,
+        epochs_done=plan.epochs,
+        val_accuracy=record.val_accuracy,
+        steps=record.steps,
+        samples=record.samples,
+        wall_time_s=record.wall_time_s,
+        values=(record.val_accuracy,) if done and record.val_accuracy is not None else None,
+        summary=plan.schedule.summary(),
+    )
+
+
+@dataclass(frozen=True)
+class Seeded:
+    finished_id: int
+    running_id: int
+    best_number: int
+    plans: list[TrialPlan]
+
+
+def seed_database(url: str) -> Seeded:
+    """The finished study (ran three hours ago) and a running one (started a minute ago)."""
+    spec = StudySpec.from_yaml(FINISHED_SPEC)
+    clock = FakeClock(datetime.now(UTC) - timedelta(hours=3))
+    with StudyStore(url, clock=clock) as store:
+        study = store.create_study(
+            spec.task, spec.to_dict(), spec.budget.trials, name=spec.name, owner="vision-team"
+        )
+        clock.advance(40)
+        claimed = store.claim_study("worker-a", 60)
+        assert claimed is not None
+        assert claimed.id == study.id
+        optuna_name = f"stagetune-study-{study.id}"
+        plans = _plans(
+            spec, spec.budget.trials - 3, seed=7, optuna_url=url, optuna_name=optuna_name
+        )
+        objective = StudyObjective.of(spec, EPOCHS)
+        outcomes = []
+        best: tuple[float, int] | None = None
+        for plan in plans:
+            trial_id = _record(store, study.id, plan, clock.advance)
+            record = store.get_trial_by_id(trial_id)
+            outcomes.append(_outcome(plan, record))
+            if plan.status is TrialStatus.COMPLETED and (best is None or plan.curve[-1] > best[0]):
+                best = (plan.curve[-1], plan.number)
+                store.set_best(study.id, trial_id, plan.curve[-1])
+        summary = summarize(outcomes, objective, extra={"optuna_study": optuna_name})
+        assert best is not None
+        assert summary["best"]["number"] == best[1]
+        assert plans[best[1]].baseline is None, "the scenario has a tuned schedule win"
+        store.finish_study(study.id, "completed", summary=summary, worker_id="worker-a")
+
+    live = StudySpec.from_yaml(RUNNING_SPEC)
+    with StudyStore(url) as store:
+        running = store.create_study(live.task, live.to_dict(), live.budget.trials, name=live.name)
+        claimed = store.claim_study("worker-b", 600)
+        assert claimed is not None
+        assert claimed.id == running.id
+        live_plans = _plans(live, 3, seed=11, optuna_url=None, optuna_name="live")[:4]
+        live_plans[-1].status = TrialStatus.RUNNING
+        live_plans[-1].epochs = 2
+        live_plans[-1].curve = live_plans[-1].curve[:2]
+        for plan in live_plans:
+            trial_id = _record(store, running.id, plan, lambda s: None)
+            if plan.baseline == "small_batch":  # the best so far, as the engine would say
+                store.set_best(running.id, trial_id, plan.curve[-1])
+    return Seeded(study.id, running.id, best[1], plans)
+
+
+# -- server and browser ----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Server:
+    base_url: str
+    db_url: str
+    seeded: Seeded
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    import uvicorn
+
+    from api.app import create_app
+    from tests.api.conftest import make_settings
+
+    db_url = f"sqlite:///{tmp_path_factory.mktemp('dashboard') / 'stagetune.db'}"
+    upgrade(db_url)
+    seeded = seed_database(db_url)
+    port = _free_port()
+    config = uvicorn.Config(
+        create_app(settings=make_settings(db_url)),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        ws="none",
+        lifespan="on",
+    )
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, name="dashboard-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        assert thread.is_alive(), "the server thread died while starting"
+        assert time.monotonic() < deadline, "the server did not start in 30 s"
+        time.sleep(0.05)
+    yield Server(f"http://127.0.0.1:{port}", db_url, seeded)
+    uv.should_exit = True
+    thread.join(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh page that fails the test on any JS error or console error."""
+    context = browser.new_context(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    tab.on(
+        "console",
+        lambda msg: (
+            errors.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None
+        ),
+    )
+    yield tab
+    context.close()
+    assert errors == [], errors
+
+
+def _chart(tab: Any, chart_id: str) -> list[dict[str, Any]]:
+    """The traces plotly drew in ``#chart_id`` (names, x, y), once it has drawn them."""
+    tab.wait_for_function(
+        "id => { const n = document.getElementById(id); return n && n.data && n.data.length > 0 "
+        "&& n.querySelector('.main-svg'); }",
+        arg=chart_id,
+    )
+    traces: list[dict[str, Any]] = tab.evaluate(
+        "id => document.getElementById(id).data.map(t => ({name: t.name, x: t.x, y: t.y, "
+        "meta: t.meta || null, yaxis: t.yaxis || 'y', shape: (t.line || {}).shape || null}))",
+        chart_id,
+    )
+    return traces
+
+
+def _svg_traces(tab: Any, chart_id: str) -> int:
+    count: int = tab.evaluate(
+        "id => document.querySelectorAll('#' + id + ' .scatterlayer .trace').length", chart_id
+    )
+    return count
+
+
+def _row_numbers(tab: Any) -> list[int]:
+    numbers: list[int] = tab.eval_on_selector_all(
+        "#trials-body tr[data-number]", "rows => rows.map(r => Number(r.dataset.number))"
+    )
+    return numbers
+
+
+def _points(
+    records: dict[int, TrialRecord], plans: list[TrialPlan], cost: str
+) -> list[tuple[float, float]]:
+    """(cost, final accuracy) of the planned trials, as stored."""
+    points = []
+    for plan in plans:
+        record = records[plan.number]
+        value, acc = getattr(record, cost), record.val_accuracy
+        assert value is not None
+        assert acc is not None
+        points.append((float(value), acc))
+    return points
+
+
+def _front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Pareto front (min cost, max accuracy), by cost."""
+    front: list[tuple[float, float]] = []
+    top = -math.inf
+    for cost, acc in sorted(points, key=lambda p: (p[0], -p[1])):
+        if acc > top:
+            front.append((cost, acc))
+            top = acc
+    return front
+
+
+# -- tests -----------------------------------------------------------------------------------------
+
+
+def test_studies_page_lists_both_studies_with_status_and_progress(
+    server: Server, page: Any
+) -> None:
+    page.goto(server.base_url + "/")
+    finished = page.locator(f'tr[data-study-id="{server.seeded.finished_id}"]')
+    running = page.locator(f'tr[data-study-id="{server.seeded.running_id}"]')
+    assert finished.locator(".badge").first.inner_text() == "completed"
+    assert running.locator(".badge").first.inner_text() == "running"
+    assert "26 / 26" in finished.locator(".progress-text").inner_text()
+    assert "3 / 12" in running.locator(".progress-text").inner_text()
+    assert "1 running" in running.inner_text()
+    best_acc = max(p.curve[-1] for p in server.seeded.plans if p.status is TrialStatus.COMPLETED)
+    assert f"{best_acc * 100:.2f}%" in finished.locator(".best-cell").inner_text()
+    assert "Live" in page.locator("#live-indicator").inner_text()
+    finished.locator("a.study-link").click()
+    page.wait_for_url(f"**/studies/{server.seeded.finished_id}")
+    assert page.locator("#study-name").inner_text() == "resnet18-cifar10"
+
+
+def test_study_page_draws_every_chart(server: Server, page: Any) -> None:
+    seeded = server.seeded
+    page.goto(f"{server.base_url}/studies/{seeded.finished_id}")
+    plans = {p.number: p for p in seeded.plans}
+    baselines = [p for p in seeded.plans if p.baseline]
+    best = plans[seeded.best_number]
+
+    # Learning curves: ordinary trials in one grey trace, stopped ends marked, the diverged
+    # and failed ones apart, each baseline and the best trial highlighted.
+    curves = {t["name"]: t for t in _chart(page, "chart-curves")}
+    ordinary = [
+        p
+        for p in seeded.plans
+        if p.baseline is None
+        and p.number != best.number
+        and p.status in (TrialStatus.COMPLETED, TrialStatus.STOPPED)
+    ]
+    expected_names = {
+        f"tuned trials ({len(ordinary)})",
+        "diverged / failed (2)",
+        "stopped early",
+        f"best #{best.number}",
+        "small batch",
+        "large batch (Goyal)",
+        "increase batch (Smith)",
+    }
+    assert set(curves) == expected_names
+    assert _svg_traces(page, "chart-curves") == len(expected_names)
+    grey = curves[f"tuned trials ({len(ordinary)})"]
+    assert sum(1 for y in grey["y"] if y is not None) == sum(p.epochs for p in ordinary)
+    stopped = [p for p in ordinary if p.status is TrialStatus.STOPPED]
+    assert len(curves["stopped early"]["x"]) == len(stopped)
+    assert sorted(curves["stopped early"]["x"]) == sorted(p.epochs for p in stopped)
+    assert max(curves["stopped early"]["x"]) < EPOCHS  # visibly shorter curves
+    assert curves[f"best #{best.number}"]["y"] == pytest.approx(best.curve, abs=1e-4)
+    assert curves[f"best #{best.number}"]["x"] == list(range(1, EPOCHS + 1))
+
+    # Schedule picture: batch size (step plot, log axis) and LR for the best and baselines.
+    schedule = _chart(page, "chart-schedule")
+    batch = {t["name"]: t for t in schedule if t["meta"] == "batch"}
+    lr = [t for t in schedule if t["meta"] == "lr"]
+    assert len(batch) == len(lr) == 1 + len(baselines)
+    assert all(t["shape"] == "hv" for t in batch.values())
+    assert all(t["yaxis"] == "y2" for t in lr)
+    best_batch = batch[f"best #{best.number}"]
+    assert best_batch["y"][:-1] == [s.batch_size for s in best.schedule.stages]
+    assert best_batch["x"] == [s.start_epoch for s in best.schedule.stages] + [EPOCHS]
+    axis_type = page.evaluate("document.getElementById('chart-schedule').layout.yaxis.type")
+    assert axis_type == "log"
+
+    # Accuracy against steps, with the Pareto front over completed trials.
+    cost = {t["name"]: t for t in _chart(page, "chart-cost")}
+    completed = [p for p in seeded.plans if p.status is TrialStatus.COMPLETED]
+    with StudyStore(server.db_url) as store:
+        records = {t.number: t for t in store.list_trials(seeded.finished_id, limit=100).items}
+    steps_front = _front(_points(records, completed, "steps"))
+    assert list(zip(cost["Pareto front"]["x"], cost["Pareto front"]["y"], strict=True)) == [
+        pytest.approx(p) for p in steps_front
+    ]
+    assert f"best #{best.number}" in cost
+    page.click("button.seg[data-cost='wall_time_s']")
+    page.wait_for_function(
+        "() => document.getElementById('chart-cost').layout.xaxis.title.text.startsWith('wall')"
+    )
+    wall = {t["name"]: t for t in _chart(page, "chart-cost")}
+    wall_front = _front(_points(records, completed, "wall_time_s"))
+    assert list(zip(wall["Pareto front"]["x"], wall["Pareto front"]["y"], strict=True)) == [
+        pytest.approx(p) for p in wall_front
+    ]
+
+    # Parameter importance from the study's Optuna storage.
+    importance = _chart(page, "chart-importance")
+    assert len(importance) == 1
+    assert "n_stages" in importance[0]["y"]
+    assert "fANOVA" in page.locator("#importance-note").inner_text()
+
+    # Best vs baselines: one row per baseline after the best.
+    roles = page.eval_on_selector_all(
+        "#comparison-table tbody tr", "rows => rows.map(r => r.dataset.role)"
+    )
+    assert roles == ["best"] + ["baseline"] * len(baselines)
+    assert "Study completed" in page.locator("#study-banner").inner_text()
+
+    # Back to steps for the screenshot (the front follows the toggle both ways).
+    page.click("button.seg[data-cost='steps']")
+    page.wait_for_function(
+        "() => document.getElementById('chart-cost').layout.xaxis.title.text.startsWith('optim')"
+    )
+    again = {t["name"]: t for t in _chart(page, "chart-cost")}
+    assert again["Pareto front"]["x"] == cost["Pareto front"]["x"]
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "study-page.png"), full_page=True)
+
+
+def test_picking_a_trial_adds_its_schedule(server: Server, page: Any) -> None:
+    seeded = server.seeded
+    page.goto(f"{server.base_url}/studies/{seeded.finished_id}")
+    _chart(page, "chart-schedule")
+    pick = next(p for p in seeded.plans if p.baseline is None and p.number != seeded.best_number)
+    page.select_option("#trial-picker", str(pick.number))
+    page.wait_for_function(
+        "n => document.getElementById('chart-schedule').data.some(t => t.name === 'trial #' + n)",
+        arg=pick.number,
+    )
+    traces = [t for t in _chart(page, "chart-schedule") if t["name"] == f"trial #{pick.number}"]
+    assert traces[0]["y"][:-1] == [s.batch_size for s in pick.schedule.stages]
+    assert (
+        page.locator(f'#trials-body tr[data-number="{pick.number}"]')
+        .get_attribute("class")
+        .endswith("is-picked")
+    )
+    # A click on a table row picks that trial too.
+    other = next(p for p in seeded.plans if p.baseline is None and p.number > pick.number)
+    page.click(f'#trials-body tr[data-number="{other.number}"] td.schedule')
+    page.wait_for_function(
+        "n => document.getElementById('chart-schedule').data.some(t => t.name === 'trial #' + n)",
+        arg=other.number,
+    )
+    assert page.input_value("#trial-picker") == str(other.number)
+
+
+def test_trial_table_sorts_by_clicked_column(server: Server, page: Any) -> None:
+    seeded = server.seeded
+    page.goto(f"{server.base_url}/studies/{seeded.finished_id}")
+    page.wait_for_selector("#trials-body tr[data-number]")
+    assert _row_numbers(page) == [p.number for p in seeded.plans]
+    badges = page.locator("#trials-body .badge-baseline").all_inner_texts()
+    assert len(badges) == 3
+    assert badges == [
+        "baseline · small batch",
+        "baseline · large batch",
+        "baseline · increase batch",
+    ]
+
+    with StudyStore(server.db_url) as store:
+        records = store.list_trials(seeded.finished_id, limit=100).items
+    with_acc = [t for t in records if t.val_accuracy is not None]
+    without = sorted(t.number for t in records if t.val_accuracy is None)
+    header = page.locator("#trials-table th[data-key='val_accuracy']")
+    header.click()
+    ascending = [t.number for t in sorted(with_acc, key=lambda t: (t.val_accuracy, t.number))]
+    assert _row_numbers(page) == ascending + without
+    assert header.get_attribute("aria-sort") == "ascending"
+    header.click()
+    descending = [
+        t.number for t in sorted(with_acc, key=lambda t: (-(t.val_accuracy or 0), t.number))
+    ]
+    assert _row_numbers(page) == descending + without  # missing values stay last
+    assert header.get_attribute("aria-sort") == "descending"
+
+    page.locator("#trials-table th[data-key='steps']").click()
+    steps = [t.steps for t in sorted(records, key=lambda t: (t.steps is None, t.steps or 0))]
+    shown = [next(r.steps for r in records if r.number == n) for n in _row_numbers(page)]
+    assert shown == steps
+
+    page.fill("#trial-filter", "diverged")
+    assert _row_numbers(page) == [
+        p.number for p in seeded.plans if p.status is TrialStatus.DIVERGED
+    ]
+
+
+def test_yaml_downloads_are_valid_schedules(server: Server, page: Any) -> None:
+    seeded = server.seeded
+    page.goto(f"{server.base_url}/studies/{seeded.finished_id}")
+    best = next(p for p in seeded.plans if p.number == seeded.best_number)
+    with page.expect_download() as info:
+        page.click("#download-best")
+    text = Path(info.value.path()).read_text(encoding="utf-8")
+    assert Schedule.from_yaml(text).summary() == best.schedule.summary()
+
+    other = next(p for p in seeded.plans if p.baseline == "increase_batch")
+    with page.expect_download() as info:
+        page.click(f'#trials-body tr[data-number="{other.number}"] a.yaml-link')
+    downloaded = Schedule.from_yaml(Path(info.value.path()).read_text(encoding="utf-8"))
+    assert downloaded.stages == other.schedule.stages
+
+
+def test_running_study_updates_without_reload(server: Server, page: Any) -> None:
+    spec = StudySpec.from_yaml(RUNNING_SPEC.replace("live-sweep", "watched-live"))
+    with StudyStore(server.db_url) as store:
+        study = store.create_study(spec.task, spec.to_dict(), spec.budget.trials, name=spec.name)
+        claimed = store.claim_study("worker-c", 600)
+        assert claimed is not None
+        assert claimed.id == study.id
+        plans = _plans(spec, 2, seed=5, optuna_url=None, optuna_name="watched")
+        for plan in plans[:3]:
+            _record(store, study.id, plan, lambda s: None)
+
+        page.goto(f"{server.base_url}/studies/{study.id}")
+        page.wait_for_selector("#trials-body tr[data-number]")
+        assert _row_numbers(page) == [0, 1, 2]
+        assert "Live" in page.locator("#live-indicator").inner_text()
+        assert page.locator("#study-banner").is_hidden()
+        page.evaluate("window.__marker = 'same page'")  # gone if the page reloads
+
+        # A trial starts and reports an epoch: it appears, row and running curve.
+        new = plans[3]
+        trial = store.create_trial(study.id, new.number, new.schedule.to_dict(), new.params)
+        store.add_epoch_metrics(trial.id, 0, {"val_accuracy": 0.41, "steps": 781})
+        page.wait_for_selector(f'#trials-body tr[data-number="{new.number}"]', timeout=10_000)
+        page.wait_for_function(
+            "n => document.getElementById('chart-curves').data.some("
+            "t => t.name.startsWith('running') && t.customdata.includes(n))",
+            arg=new.number,
+            timeout=10_000,
+        )
+        # It finishes as the best trial and the study completes: banner, status, best.
+        store.finish_trial(
+            trial.id,
+            "completed",
+            stop_reason=f"trained all {EPOCHS} epochs",
+            final={"val_accuracy": 0.95, "steps": 9000, "wall_time_s": 100.0},
+        )
+        store.set_best(study.id, trial.id, 0.95)
+        store.finish_study(study.id, "completed")
+    page.wait_for_selector("#study-banner:not([hidden])", timeout=10_000)
+    assert "Study completed" in page.locator("#study-banner").inner_text()
+    assert page.locator("#study-status").inner_text() == "completed"
+    assert "95.00%" in page.locator("#kpi-best").inner_text()
+    row = page.locator(f'#trials-body tr[data-number="{new.number}"]')
+    assert row.locator(".badge-completed").count() == 1
+    assert row.locator(".badge-best").count() == 1
+    assert page.evaluate("window.__marker") == "same page"
+    assert page.locator("#live-indicator").inner_text() == ""
