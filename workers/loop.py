@@ -412,6 +412,7 @@ class TrialWorker:
         self._placements: dict[tuple[int, int | None, tuple[float, ...] | None], BatchPlacement]
         self._placements = {}
         self._speed: float | None = None
+        self._weights: tuple[float, ...] | None = None
         self._spec = spec
         if spec.performance_aware and self.world_size > 1:
             self._speed = self._calibrate()
@@ -701,13 +702,23 @@ class TrialWorker:
     # ------------------------------------------------------------------ throughput
 
     def _exchange_speed(self) -> tuple[float, ...]:
-        """Every rank's measured samples/s (all-reduced so that all ranks agree exactly)."""
+        """The speed weights of this epoch, identical on every rank.
+
+        Every rank's throughput (samples/s of forward+backward, from the calibration or the
+        previous epoch) is all-reduced; the new weights are the geometric mean of the previous
+        weights and the measured speeds (damping: a rank measured at a tiny share pays its
+        per-pass overhead on few samples and would otherwise oscillate), normalised so the
+        fastest rank has weight 1. The split converges to equal step times.
+        """
         speeds = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
         speeds[self.rank] = self._speed if self._speed and self._speed > 0 else 1.0
         dist.all_reduce(speeds, op=dist.ReduceOp.SUM)
         values = [float(v) for v in speeds.tolist()]
+        if self._weights is not None:
+            values = [math.sqrt(v * w) for v, w in zip(values, self._weights, strict=True)]
         top = max(values)
-        return tuple(v / top for v in values)
+        self._weights = tuple(v / top for v in values)
+        return self._weights
 
     def _calibrate(self, repeats: int = 3) -> float:
         """Samples/s of forward+backward on a copy of the model (the trial's state is untouched)."""
@@ -806,6 +817,7 @@ class TrialWorker:
             "micro_batch": self._micro_batch,
             "oom_retries": self._oom_retries,
             "speed": self._speed,
+            "weights": self._weights,
             "diverged": self._diverged,
         }
         if self.rank == 0:
@@ -832,6 +844,7 @@ class TrialWorker:
         self._micro_batch = state["micro_batch"]
         self._oom_retries = int(state["oom_retries"])
         self._speed = state["speed"]
+        self._weights = state["weights"]
         self._diverged = bool(state["diverged"])
         self._placements.clear()
 

@@ -118,6 +118,15 @@ class ScheduleTrainable(tune.Trainable):
         self.gangs_created = 0
         self._start_trial(config)
 
+    def train(self) -> dict[str, Any]:
+        """One epoch with Tune's bookkeeping (typed wrapper of ``Trainable.train``)."""
+        result: dict[str, Any] = super().train()  # type: ignore[no-untyped-call]
+        return result
+
+    def stop(self) -> None:
+        """Release the workers (typed wrapper of ``Trainable.stop``, which calls cleanup)."""
+        super().stop()  # type: ignore[no-untyped-call]
+
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self._start_trial(new_config)
         return True

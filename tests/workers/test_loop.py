@@ -1,0 +1,396 @@
+"""The data-parallel training loop: gradient equivalence, training quality, per-epoch metrics,
+divergence and out-of-memory handling.
+
+Everything runs real ``torch.distributed`` (gloo) training across 2 Ray actors of the session's
+local Ray instance (2 CPUs). Test-only tasks are defined here and shipped to the worker
+processes through ``ScheduleTrainable.extra_tasks`` (pickled by value).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+import ray.cloudpickle
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from tuner.errors import ValidationError
+from tuner.schedule import Schedule, Stage, place_batch
+from workers.gang import Gang
+from workers.loop import TrialOOMError, TrialSpec, TrialWorker
+from workers.noise_scale import NoiseScaleEstimator, unbiased_estimates
+from workers.tasks import BaseTask, TaskData, TaskOptions, get_task
+from workers.trainable import METRIC_KEYS, ScheduleTrainable
+
+# Worker processes cannot import this test module by name: pickle its classes by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
+
+
+# ------------------------------------------------------------------------------------------
+# test-only tasks
+
+
+class Float64Task(BaseTask[TaskOptions]):
+    """A tiny float64 classification problem (for exact gradient comparisons)."""
+
+    name = "test_float64"
+    description = "float64 Gaussian blobs, 3 classes, tanh MLP"
+    default_epochs = 2
+    default_base_batch_size = 8
+    default_base_lr = 0.1
+    options_model = TaskOptions
+
+    def _load(self, opts: TaskOptions, data_seed: int) -> TaskData:
+        g = torch.Generator().manual_seed(data_seed)
+        x = torch.randn(96, 5, generator=g, dtype=torch.float64)
+        y = torch.randint(0, 3, (96,), generator=g)
+        return TaskData(
+            train_x=x[:64],
+            train_y=y[:64],
+            val_x=x[64:80],
+            val_y=y[64:80],
+            test_x=x[80:],
+            test_y=y[80:],
+            num_classes=3,
+            input_shape=(5,),
+        )
+
+    def _build(self, opts: TaskOptions) -> nn.Module:
+        return nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3)).double()
+
+
+class _RaisesOOMAbove(nn.Module):
+    def __init__(self, inner: nn.Module, limit: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.shape[0] > self.limit:
+            raise torch.OutOfMemoryError(
+                f"test: a micro-batch of {x.shape[0]} > {self.limit} does not fit"
+            )
+        out: torch.Tensor = self.inner(x)
+        return out
+
+
+class OOMTask(BaseTask[TaskOptions]):
+    """digits, with a model that raises a real ``torch.OutOfMemoryError`` on large batches."""
+
+    name = "test_oom_digits"
+    description = "digits; training forward passes above 24 samples raise OutOfMemoryError"
+    default_epochs = 2
+    default_base_batch_size = 32
+    default_base_lr = 0.05
+    options_model = TaskOptions
+    limit: ClassVar[int] = 24
+
+    def _load(self, opts: TaskOptions, data_seed: int) -> TaskData:
+        return get_task("digits").load_data({"data_seed": data_seed}, data_seed)
+
+    def _build(self, opts: TaskOptions) -> nn.Module:
+        inner = get_task("digits").build_model({})
+        return _RaisesOOMAbove(inner, self.limit)
+
+
+class OOMAlwaysTask(OOMTask):
+    name = "test_oom_always"
+    description = "digits; every training forward pass raises OutOfMemoryError"
+    limit: ClassVar[int] = 0
+
+
+class LoopTrainable(ScheduleTrainable):
+    extra_tasks = (Float64Task(), OOMTask(), OOMAlwaysTask())
+
+
+# ------------------------------------------------------------------------------------------
+# helpers and fixtures
+
+
+def trial_config(schedule: Schedule, task: str, **extra: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "schedule": schedule.to_dict(),
+        "task": task,
+        "task_options": {},
+        "seed": 0,
+        "workers": 2,
+        "cpus_per_worker": 1.0,
+        "gpus_per_worker": 0.0,
+        "micro_batch": None,
+        "performance_aware": False,
+    }
+    config.update(extra)
+    return config
+
+
+@pytest.fixture
+def make_trainable(ray_session: None) -> Iterator[Callable[[dict[str, Any]], ScheduleTrainable]]:
+    made: list[ScheduleTrainable] = []
+
+    def make(config: dict[str, Any]) -> ScheduleTrainable:
+        trainable = LoopTrainable(config)
+        made.append(trainable)
+        return trainable
+
+    yield make
+    for trainable in made:
+        trainable.stop()
+
+
+def run_trial(trainable: ScheduleTrainable) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    while True:
+        result = trainable.train()
+        results.append(result)
+        if result["done"]:
+            return results
+
+
+def check_metrics(results: list[dict[str, Any]], schedule: Schedule, num_train: int) -> None:
+    """Every reported field is present, typed and consistent with the schedule's arithmetic."""
+    steps = samples = 0
+    wall = 0.0
+    for epoch, result in enumerate(results):
+        for key in METRIC_KEYS:
+            assert key in result, key
+        stage = schedule.stage_index_at(epoch)
+        spe = schedule.steps_per_epoch(stage, num_train)
+        batch = schedule.batch_size_at(epoch)
+        steps += spe
+        samples += spe * batch
+        assert result["epoch"] == epoch
+        assert result["stage"] == stage
+        assert result["batch_size"] == batch
+        assert result["steps"] == steps
+        assert result["samples"] == samples
+        assert result["steps_in_epoch"] == spe
+        assert result["lr"] == pytest.approx(schedule.lr_at(epoch + (spe - 1) / spe), rel=1e-12)
+        assert result["diverged"] is False
+        assert 0.0 <= result["val_accuracy"] <= 1.0
+        for key in ("val_loss", "train_loss", "epoch_time_s", "samples_per_s", "wall_time_s"):
+            assert isinstance(result[key], float), key
+            assert math.isfinite(result[key]), key
+            assert result[key] > 0, key
+        assert result["samples_per_s"] == pytest.approx(
+            spe * batch / result["epoch_time_s"], rel=1e-9
+        )
+        wall += result["epoch_time_s"]
+        assert result["wall_time_s"] == pytest.approx(wall, rel=1e-9)
+        noise = result["noise_scale"]
+        assert noise is None or (isinstance(noise, float) and math.isfinite(noise) and noise > 0)
+        assert result["done"] is (epoch == schedule.total_epochs - 1)
+    assert steps == schedule.total_steps(num_train)
+    assert samples == schedule.samples_seen(num_train)
+
+
+# ------------------------------------------------------------------------------------------
+# pure parts: config parsing, the noise-scale estimator
+
+
+def test_trial_spec_defaults_and_errors() -> None:
+    schedule = Schedule.constant(32, 3, 0.1)
+    spec = TrialSpec.from_config({"schedule": schedule.to_dict(), "task": "digits"})
+    assert spec.schedule == schedule
+    assert (spec.workers, spec.cpus_per_worker, spec.gpus_per_worker) == (1, 1.0, 0.0)
+    assert spec.micro_batch is None
+    assert spec.performance_aware is False
+    assert spec.drop_last
+    nested = TrialSpec.from_config(
+        {"schedule": schedule.to_dict(), "task": "digits", "resources": {"workers": 2}}
+    )
+    assert nested.workers == 2
+    with pytest.raises(ValidationError) as info:
+        TrialSpec.from_config(
+            {"schedule": schedule.to_dict(), "task": "", "workers": 0, "slowdown": {"5": 2.0}}
+        )
+    message = str(info.value)
+    assert "'task'" in message
+    assert "'workers'" in message
+    assert "slowdown" in message
+
+
+def test_noise_scale_estimator_recovers_known_noise_scale() -> None:
+    # Per-sample gradients g_i = G + noise with tr(Σ) = d * sigma^2; B_simple = tr(Σ)/|G|^2.
+    rng = np.random.default_rng(0)
+    d, sigma = 50, 0.5
+    true_g = rng.normal(size=d) * 0.1
+    expected = d * sigma**2 / float(true_g @ true_g)
+    estimator = NoiseScaleEstimator(beta=0.99)
+    world, local = 4, 8
+    for _ in range(3000):
+        per_sample = true_g + sigma * rng.normal(size=(world * local, d))
+        small = per_sample.reshape(world, local, d).mean(axis=1)
+        big = per_sample.mean(axis=0)
+        estimator.update(
+            float(np.mean(np.sum(small**2, axis=1))), 1.0 / local, float(big @ big), 1.0 / 32
+        )
+    assert estimator.value is not None
+    assert estimator.value == pytest.approx(expected, rel=0.15)
+
+
+def test_noise_scale_is_undefined_without_a_smaller_batch() -> None:
+    assert unbiased_estimates(1.0, 1 / 32, 0.5, 1 / 32) is None
+    estimator = NoiseScaleEstimator()
+    estimator.update(1.0, 1 / 32, 0.5, 1 / 32)
+    assert estimator.value is None
+
+
+# ------------------------------------------------------------------------------------------
+# gradient equivalence (real gloo process group of 2 Ray actors)
+
+
+@pytest.mark.ray
+def test_uneven_split_gradient_equals_single_process_gradient(ray_session: None) -> None:
+    task = Float64Task()
+    schedule = Schedule.constant(16, 2, 0.1, label_smoothing=0.1)
+    config = trial_config(schedule, task.name, seed=3)
+    gang = Gang(2, functools.partial(TrialWorker, tasks=(task,)))
+    try:
+        gang.call("configure", config)
+        order = torch.randperm(64, generator=torch.Generator().manual_seed(1))
+        indices = [int(i) for i in order[:21]]
+        weights, micro = (1.0, 2.5), 4
+        placement = place_batch(len(indices), 2, micro, weights)
+        assert placement.local_batches == (6, 15)  # unequal shares ...
+        assert placement.accumulation_steps == 4  # ... and gradient accumulation
+        grads = gang.call("synchronized_gradient", indices, weights, micro)
+    finally:
+        gang.shutdown()
+    assert grads[0] == grads[1]  # both ranks hold the same synchronized gradient
+
+    torch.manual_seed(3)
+    model = task.build_model({})
+    data = task.load_data({}, 3)
+    idx = torch.tensor(indices)
+    loss = F.cross_entropy(
+        model(data.train_x[idx]), data.train_y[idx], reduction="sum", label_smoothing=0.1
+    ) / len(indices)
+    torch.autograd.backward(loss)
+    expected = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+    got = torch.tensor(grads[0], dtype=torch.float64)
+    assert got.shape == expected.shape
+    assert torch.max(torch.abs(got - expected)).item() < 1e-12
+    assert torch.linalg.vector_norm(expected).item() > 1e-3  # not trivially zero
+
+
+# ------------------------------------------------------------------------------------------
+# training quality and metrics
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_digits_trains_past_90_percent_with_consistent_metrics(
+    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+) -> None:
+    task = get_task("digits")
+    epochs = task.default_epochs  # 15
+    schedule = Schedule(
+        stages=(
+            Stage(0, 5, 32),
+            Stage(5, 10, 128, warmup_epochs=1.0),
+            Stage(10, epochs, 256, decay="cosine"),
+        ),
+        base_lr=task.default_base_lr,
+        base_batch_size=task.default_base_batch_size,
+        scaling_rule="sqrt",
+        label_smoothing=0.05,
+    )
+    trainable = make_trainable(trial_config(schedule, "digits", micro_batch=48))
+    results = run_trial(trainable)
+    assert len(results) == epochs
+    check_metrics(results, schedule, num_train=1079)
+    assert results[-1]["val_accuracy"] > 0.90
+    # batch 256 over 2 workers with micro-batch 48: 128 per worker in 3 accumulation passes
+    assert results[-1]["local_batches"] == [128, 128]
+    assert results[-1]["accumulation_steps"] == 3
+    assert results[0]["local_batches"] == [16, 16]
+    assert results[0]["accumulation_steps"] == 1
+    assert any(r["noise_scale"] is not None for r in results)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_mnist1d_trains_past_90_percent(
+    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+) -> None:
+    task = get_task("mnist1d")
+    epochs = task.default_epochs  # 30
+    schedule = Schedule(
+        stages=(Stage(0, 8, 32), Stage(8, 18, 128, warmup_epochs=1.0), Stage(18, epochs, 512)),
+        base_lr=task.default_base_lr,
+        base_batch_size=task.default_base_batch_size,
+        scaling_rule="sqrt",
+        weight_decay=task.default_optimizer.weight_decay,
+    )
+    trainable = make_trainable(trial_config(schedule, "mnist1d"))
+    results = run_trial(trainable)
+    check_metrics(results, schedule, num_train=5000)
+    assert results[-1]["val_accuracy"] > 0.90
+
+
+# ------------------------------------------------------------------------------------------
+# failures: divergence, out of memory
+
+
+@pytest.mark.ray
+def test_huge_learning_rate_diverges_and_keeps_metrics_so_far(
+    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+) -> None:
+    # Two sane epochs, then a stage whose LR is 1e6 times larger.
+    schedule = Schedule(
+        stages=(Stage(0, 2, 32), Stage(2, 6, 32, lr_multiplier=1e6)),
+        base_lr=0.05,
+        base_batch_size=32,
+    )
+    trainable = make_trainable(trial_config(schedule, "digits"))
+    results = run_trial(trainable)
+    assert len(results) == 3  # ended in the first epoch at the huge LR
+    first, second, last = results
+    assert not first["diverged"]
+    assert not second["diverged"]
+    assert first["val_accuracy"] > 0.8
+    assert last["diverged"] is True
+    assert last["done"] is True
+    assert last["steps"] < second["steps"] + 1079 // 32  # stopped inside the epoch
+    assert last["steps"] >= second["steps"]
+    for key in ("val_loss", "train_loss", "noise_scale"):
+        value = last[key]
+        assert value is None or math.isfinite(value)
+    assert isinstance(last["val_accuracy"], float)
+
+
+@pytest.mark.ray
+def test_out_of_memory_retries_with_more_accumulation(
+    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+) -> None:
+    # Stage 2's local batch (64 per worker) exceeds what the model "fits" (24): the loop must
+    # retry with micro-batch 32, then 16, and train the stage with 4 accumulation passes.
+    schedule = Schedule(
+        stages=(Stage(0, 1, 32), Stage(1, 2, 128)), base_lr=0.05, base_batch_size=32
+    )
+    trainable = make_trainable(trial_config(schedule, OOMTask.name))
+    results = run_trial(trainable)
+    check_metrics(results, schedule, num_train=1079)
+    assert results[0]["oom_retries"] == 0
+    assert results[0]["micro_batch"] is None
+    assert results[1]["oom_retries"] == 2
+    assert results[1]["micro_batch"] == 16
+    assert results[1]["accumulation_steps"] == 4
+    assert results[1]["val_accuracy"] > 0.5
+
+
+@pytest.mark.ray
+def test_out_of_memory_at_micro_batch_one_fails_with_a_clear_reason(
+    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+) -> None:
+    schedule = Schedule.constant(8, 1, 0.05)
+    trainable = make_trainable(trial_config(schedule, OOMAlwaysTask.name))
+    with pytest.raises(TrialOOMError, match="even with micro-batch 1"):
+        trainable.train()
