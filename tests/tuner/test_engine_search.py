@@ -1,0 +1,152 @@
+"""The engine's searcher, driven directly (as Tune would) over a real Optuna study stored in
+SQLite: baselines first, constraint rejection, how trials are told, and resume."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner import engine_search
+from tuner.baselines import build_baselines
+from tuner.engine_search import META_KEY, ScheduleSearcher
+from tuner.errors import StagetuneError
+from tuner.objectives import StudyObjective
+from tuner.schedule import Schedule
+from tuner.space import ScheduleSpace
+from tuner.spec import StudySpec, TaskDefaults
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+DEFAULTS = TaskDefaults(epochs=6, base_batch_size=32, base_lr=0.1)
+TRAIN_SIZE = 4096
+
+
+def make_searcher(text: str, storage: str | None, name: str = "s") -> ScheduleSearcher:
+    spec = StudySpec.from_yaml(text)
+    resolved = spec.resolve(DEFAULTS)
+    space = ScheduleSpace.from_spec(resolved)
+    return ScheduleSearcher(
+        space=space,
+        objective=StudyObjective.of(spec, resolved.total_epochs),
+        baselines=build_baselines(space) if spec.baselines else [],
+        storage_url=storage,
+        study_name=name,
+        seed=spec.seed,
+        startup_trials=3,
+        train_size=TRAIN_SIZE,
+    )
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'optuna.db'}"
+
+
+SPEC = "task: digits\nspace: {batch_size: {min: 32, max: 512}, stages: {min: 1, max: 3}}"
+
+
+def result(epochs: int, acc: float, **extra: object) -> dict[str, object]:
+    return {"training_iteration": epochs, "val_accuracy": acc, "steps": 10 * epochs, **extra}
+
+
+def test_baselines_come_first_then_optuna_trials(storage: str) -> None:
+    searcher = make_searcher(SPEC, storage)
+    configs = [searcher.suggest(f"t{i}") for i in range(5)]
+    metas = [c[META_KEY] for c in configs if c]
+    assert [m["number"] for m in metas] == [0, 1, 2, 3, 4]
+    assert [m["baseline"] for m in metas] == [
+        "small_batch",
+        "large_batch",
+        "increase_batch",
+        None,
+        None,
+    ]
+    assert [m["optuna_trial"] for m in metas] == [None, None, None, 0, 1]
+    assert metas[3]["params"]["n_stages"] >= 1
+    for config in configs:
+        assert config is not None
+        Schedule.from_dict(config["schedule"])  # a valid schedule document
+    study = optuna.load_study(study_name="s", storage=storage)
+    attrs = study.trials[0].user_attrs
+    assert attrs["stagetune_number"] == 3
+    assert attrs["stagetune_schedule"] == configs[3]["schedule"]  # type: ignore[index]
+
+
+def test_schedules_violating_the_constraint_are_not_trained(storage: str) -> None:
+    searcher = make_searcher(
+        SPEC + "\nobjective: {max_mean_batch_size: 64}\nbaselines: false", storage
+    )
+    for i in range(8):
+        config = searcher.suggest(f"t{i}")
+        assert config is not None
+        schedule = Schedule.from_dict(config["schedule"])
+        assert schedule.mean_batch_size(TRAIN_SIZE) <= 64
+        searcher.on_trial_complete(
+            f"t{i}", result(6, 0.5 + schedule.mean_batch_size(TRAIN_SIZE) / 1000)
+        )
+    study = optuna.load_study(study_name="s", storage=storage)
+    infeasible = [t for t in study.trials if t.user_attrs.get("stagetune_infeasible")]
+    assert infeasible, "some draws violate the constraint and are recorded as infeasible"
+    assert all(t.constraints and max(t.constraints.values()) > 0 for t in infeasible)
+    trained = [t for t in study.trials if "stagetune_number" in t.user_attrs]
+    assert len(trained) == 8
+    assert all(max(t.constraints.values()) <= 0 for t in trained)
+
+
+def test_a_constraint_too_tight_for_the_space_fails_with_advice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(engine_search, "MAX_DRAWS", 3)
+    searcher = make_searcher(
+        "task: digits\nspace: {batch_size: {min: 32, max: 4096}, stages: {min: 3, max: 3}}\n"
+        "objective: {max_mean_batch_size: 32.5}\nbaselines: false",
+        None,
+    )
+    # All three stages at batch 32 is the only feasible schedule: 3 draws (seeded) miss it.
+    with pytest.raises(StagetuneError, match="too tight"):
+        searcher.suggest("t0")
+
+
+def test_trials_are_told_complete_pruned_or_failed(storage: str) -> None:
+    searcher = make_searcher(SPEC + "\nbaselines: false", storage)
+    for i in range(3):
+        searcher.suggest(f"t{i}")
+    for epoch in (1, 2):
+        searcher.on_trial_result("t1", result(epoch, 0.3 * epoch))
+    searcher.on_trial_complete("t0", result(6, 0.9))  # all 6 epochs
+    searcher.on_trial_complete("t1", result(2, 0.6))  # ASHA stopped it after 2
+    searcher.on_trial_complete("t2", None, error=True)
+    searcher.on_trial_complete("t2", None, error=True)  # a repeated notice is ignored
+    study = optuna.load_study(study_name="s", storage=storage)
+    states = [t.state for t in study.trials]
+    assert states == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL]
+    assert study.trials[0].value == 0.9
+    assert study.trials[1].intermediate_values == {1: 0.3, 2: 0.6}
+
+
+def test_resume_replays_trials_suggested_after_the_last_checkpoint(
+    storage: str, tmp_path: Path
+) -> None:
+    first = make_searcher(SPEC, storage)
+    for i in range(4):
+        first.suggest(f"t{i}")  # 3 baselines + tuned trial 3
+    checkpoint = tmp_path / "searcher.pkl"
+    first.save(str(checkpoint))
+    lost = [first.suggest(f"t{i}") for i in (4, 5)]  # suggested, then the process dies
+
+    # Tune pickles the searcher when the experiment starts and restores its checkpoint.
+    second = pickle.loads(pickle.dumps(make_searcher(SPEC, storage)))
+    second.restore(str(checkpoint))
+    replayed = [second.suggest(f"n{i}") for i in range(3)]
+    assert [c[META_KEY]["number"] for c in replayed if c] == [4, 5, 6]
+    assert [c["schedule"] for c in replayed[:2] if c] == [c["schedule"] for c in lost if c]
+    assert replayed[2] is not None
+    assert replayed[2][META_KEY]["optuna_trial"] == 3  # a fresh Optuna trial
+    second.on_trial_complete("n0", result(6, 0.8))
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert study.trials[1].state == TrialState.COMPLETE  # the replayed trial 4 is told
+    assert len(study.trials) == 4

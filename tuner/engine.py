@@ -1,0 +1,478 @@
+"""The auto-tuning engine (after Hu et al.): Ray Tune over an injected trainable, driven by
+Optuna on a persistent study, with ASHA early stopping and the baselines first.
+
+``tuner`` knows nothing of the training loop: the trainable class is a parameter (in the
+product, :class:`workers.trainable.ScheduleTrainable`, composed in :mod:`workers.runner`).
+It must be a Ray Tune class trainable whose ``step()`` trains one epoch of
+``config["schedule"]`` (a ``Schedule.to_dict()``) and reports at least ``val_accuracy``,
+cumulative ``steps``, ``samples`` and ``wall_time_s``, and ``diverged``; it ignores the config
+key ``stagetune`` (the engine's bookkeeping: trial number, baseline name, Optuna params).
+
+What one :meth:`TuningEngine.run` does:
+
+* builds the schedule space, the baselines and the objective from the resolved spec and
+  checks up front that some schedule can be trained and meet the constraint;
+* runs a ``ray.tune.Tuner`` with :class:`~tuner.engine_search.ScheduleSearcher` (baselines,
+  then seeded Optuna TPE on an RDB-stored study), ASHA on ``val_accuracy`` with
+  ``time_attr=training_iteration`` (= epochs) for single-objective studies (FIFO for Pareto
+  studies), ``reuse_actors=True``, ``FailureConfig(max_failures)`` (a trial that keeps failing
+  ends ``failed`` and the study goes on), and as many trials at once as the cluster fits
+  (each trial's resources from the trainable's ``default_resource_request``);
+* stops each trial after ``total_epochs`` epochs (or when it reaches the target accuracy),
+  and the whole experiment when ``should_stop`` says so (a cancel);
+* **resumes**: one experiment directory per study under ``storage_path``; if it holds a
+  restorable experiment, ``Tuner.restore(path, trainable)`` continues it: finished trials are
+  not rerun, unfinished ones start again from their first epoch (trials do not checkpoint),
+  and trials that had failed stay failed. The experiment state is saved at every controller
+  step (``TUNE_GLOBAL_CHECKPOINT_S=0`` while the engine runs), so at most the trial events of
+  the step in progress are lost when the process is killed.
+
+The result lists every trial's outcome and the study summary (best schedule against each
+baseline).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import ray
+from ray import tune
+from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
+from ray.tune.stopper import Stopper
+
+from tuner.baselines import Baseline, build_baselines
+from tuner.engine_search import ScheduleSearcher, TrialMeta
+from tuner.errors import StagetuneError, ValidationError
+from tuner.objectives import StudyObjective, TrialOutcome, summarize, trial_status
+from tuner.schedule import Schedule
+from tuner.space import ScheduleSpace, check_feasible, constraint_violations
+from tuner.spec import AccuracyObjective, ResolvedSpec
+
+__all__ = [
+    "EngineResult",
+    "ProtectedASHA",
+    "RunStopper",
+    "TuningEngine",
+    "concurrency_for",
+    "outcome_of",
+]
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_PERIOD_ENV: Final = "TUNE_GLOBAL_CHECKPOINT_S"
+
+
+# --------------------------------------------------------------------------------------------
+# Tune plug-ins
+# --------------------------------------------------------------------------------------------
+
+
+class RunStopper(Stopper):
+    """Stops a trial once its run is complete (all epochs, or the target accuracy), and the
+    experiment when ``should_stop()`` returns true (polled by Tune every controller step)."""
+
+    def __init__(
+        self, objective: StudyObjective, should_stop: Callable[[], bool] | None = None
+    ) -> None:
+        self._objective = objective
+        self._should_stop = should_stop
+        self.stopped_all = False
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        return self._objective.is_finished_run(result) or bool(result.get("diverged"))
+
+    def stop_all(self) -> bool:
+        if self._should_stop is not None and not self.stopped_all and self._should_stop():
+            self.stopped_all = True
+        return self.stopped_all
+
+
+class ProtectedASHA(AsyncHyperBandScheduler):
+    """ASHA over the tuned trials only: baselines are neither stopped nor recorded in the
+    rungs (they run to the end so the study compares against complete baselines, and tuned
+    schedules compete among themselves, not against the small-batch baseline's fast start)."""
+
+    @staticmethod
+    def _is_baseline(trial: Any) -> bool:
+        meta = TrialMeta.from_config(trial.config)
+        return meta is not None and meta.baseline is not None
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
+        if self._is_baseline(trial):
+            return str(TrialScheduler.CONTINUE)
+        action: str = super().on_trial_result(tune_controller, trial, result)
+        return action
+
+    def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
+        if self._is_baseline(trial):
+            self._trial_info.pop(trial.trial_id, None)
+            return
+        super().on_trial_complete(tune_controller, trial, result)
+
+
+def _trial_dirname(trial: Any) -> str:
+    meta = TrialMeta.from_config(trial.config)
+    number = "x" if meta is None else str(meta.number)
+    return f"trial_{number}_{trial.trial_id}"
+
+
+# --------------------------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------------------------
+
+
+def outcome_of(
+    objective: StudyObjective,
+    config: Mapping[str, Any],
+    result: Mapping[str, Any] | None,
+    *,
+    error: bool,
+    error_message: str | None = None,
+    train_size: int | None = None,
+) -> TrialOutcome | None:
+    """A finished Tune trial as a :class:`TrialOutcome` (``None`` without engine metadata)."""
+    meta = TrialMeta.from_config(config)
+    if meta is None:
+        return None
+    result = result or {}
+    status, reason = trial_status(objective, result, error=error)
+    if error and error_message:
+        reason = f"{reason}: {error_message}"
+    schedule_dict = dict(config.get("schedule") or {})
+    summary = ""
+    feasible = True
+    try:
+        schedule = Schedule.from_dict(schedule_dict)
+        summary = schedule.summary()
+        if meta.baseline is not None and train_size is not None:
+            violations = constraint_violations(schedule, objective.spec, train_size)
+            feasible = all(v <= 0 for v in violations.values())
+    except ValidationError:
+        pass
+
+    def num(key: str) -> float | None:
+        value = result.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value) if math.isfinite(float(value)) else None
+
+    steps = num("steps")
+    samples = num("samples")
+    done = result.get("training_iteration")
+    return TrialOutcome(
+        number=meta.number,
+        baseline=meta.baseline,
+        schedule=schedule_dict,
+        status=status,
+        stop_reason=reason,
+        epochs_done=done if isinstance(done, int) else 0,
+        val_accuracy=num("val_accuracy"),
+        steps=None if steps is None else int(steps),
+        samples=None if samples is None else int(samples),
+        wall_time_s=num("wall_time_s"),
+        values=None if error else objective.values(result),
+        feasible=feasible,
+        summary=summary,
+        extra={"params": meta.params, "optuna_trial": meta.optuna_trial},
+    )
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """What a run of the engine produced."""
+
+    outcomes: tuple[TrialOutcome, ...]
+    summary: dict[str, Any]
+    cancelled: bool
+    resumed: bool
+    experiment_path: str
+    baselines: tuple[Baseline, ...] = field(default=())
+
+    @property
+    def best(self) -> TrialOutcome | None:
+        best = self.summary.get("best")
+        if not best:
+            return None
+        return next((o for o in self.outcomes if o.number == best["number"]), None)
+
+    @property
+    def best_schedule(self) -> Schedule | None:
+        best = self.best
+        return None if best is None else Schedule.from_dict(best.schedule)
+
+
+# --------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------
+
+
+def concurrency_for(
+    per_trial: Mapping[str, float], cluster: Mapping[str, float], budget: int
+) -> int:
+    """How many trials fit at once: the scarcest resource decides (at least 1, at most the
+    budget)."""
+    fits = [
+        math.floor(cluster.get(name, 0.0) / amount + 1e-9)
+        for name, amount in per_trial.items()
+        if amount > 0
+    ]
+    return max(1, min([budget, *fits]))
+
+
+@contextmanager
+def _checkpoint_every_step() -> Iterator[None]:
+    previous = os.environ.get(CHECKPOINT_PERIOD_ENV)
+    os.environ[CHECKPOINT_PERIOD_ENV] = "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(CHECKPOINT_PERIOD_ENV, None)
+        else:
+            os.environ[CHECKPOINT_PERIOD_ENV] = previous
+
+
+class TuningEngine:
+    """Runs (or resumes) one study's Ray Tune experiment.
+
+    Args:
+        resolved: the study spec with the task's defaults filled in.
+        trainable: the Ray Tune class trainable (see the module docstring).
+        storage_path: parent directory of the experiment directories.
+        experiment_name: this study's experiment directory name (e.g. ``study-12``).
+        optuna_storage: SQLAlchemy URL of the Optuna study's RDB storage (the service
+            database), ``None`` for in-memory (not resumable).
+        optuna_study_name: the Optuna study's name in that storage.
+        train_size: training samples of the task (needed for step / mean-batch constraints and
+            to check that batches fit the dataset).
+        callbacks: extra Tune callbacks (progress persistence, display). They are pickled
+            into the experiment directory, so they must be picklable.
+        should_stop: polled every controller step; true stops the experiment (cancel). Must
+            be picklable.
+        max_concurrent: trials at once; default: the spec's, else what the cluster fits.
+        trial_config: extra keys for every trial's config (e.g. data loader settings).
+    """
+
+    def __init__(
+        self,
+        resolved: ResolvedSpec,
+        trainable: type,
+        *,
+        storage_path: str | os.PathLike[str],
+        experiment_name: str,
+        optuna_storage: str | None,
+        optuna_study_name: str,
+        train_size: int | None = None,
+        callbacks: Sequence[tune.Callback] = (),
+        should_stop: Callable[[], bool] | None = None,
+        max_concurrent: int | None = None,
+        trial_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.resolved = resolved
+        self.trainable = trainable
+        self.storage_path = Path(storage_path).resolve()
+        self.experiment_name = experiment_name
+        self.optuna_storage = optuna_storage
+        self.optuna_study_name = optuna_study_name
+        self.train_size = train_size
+        self.callbacks = list(callbacks)
+        self.should_stop = should_stop
+        self._max_concurrent = max_concurrent
+        self._trial_config = dict(trial_config or {})
+
+        spec = resolved.spec
+        self.space = ScheduleSpace.from_spec(resolved)
+        self.objective = StudyObjective.of(spec, resolved.total_epochs)
+        spec_obj = self.objective.spec
+        if (
+            isinstance(spec_obj, AccuracyObjective)
+            and spec_obj.has_constraint
+            and train_size is None
+        ):
+            raise ValidationError(
+                "the objective's constraint needs the task's training-set size (train_size)"
+            )
+        check_feasible(self.space, self.objective.spec, train_size)
+        self.baselines: tuple[Baseline, ...] = (
+            tuple(build_baselines(self.space, train_size)) if spec.baselines else ()
+        )
+
+    # ------------------------------------------------------------------ pieces
+
+    @property
+    def experiment_path(self) -> Path:
+        return self.storage_path / self.experiment_name
+
+    @property
+    def budget(self) -> int:
+        return self.resolved.spec.budget.trials
+
+    def common_config(self) -> dict[str, Any]:
+        """The config keys every trial shares (the searcher adds schedule and bookkeeping)."""
+        spec = self.resolved.spec
+        res = spec.resources
+        return {
+            "task": spec.task,
+            "task_options": dict(spec.task_options),
+            "seed": spec.seed,
+            "workers": res.workers,
+            "cpus_per_worker": res.cpus_per_worker,
+            "gpus_per_worker": res.gpus_per_worker,
+            "micro_batch": res.micro_batch,
+            "performance_aware": res.performance_aware,
+            **self._trial_config,
+        }
+
+    def per_trial_resources(self) -> dict[str, float]:
+        """Resources one trial holds, from the trainable's ``default_resource_request``."""
+        config = {**self.common_config(), "schedule": self._any_schedule().to_dict()}
+        request = None
+        if hasattr(self.trainable, "default_resource_request"):
+            request = self.trainable.default_resource_request(config)
+        if request is not None and hasattr(request, "required_resources"):
+            return {k: float(v) for k, v in request.required_resources.items()}
+        res = self.resolved.spec.resources
+        return {"CPU": res.workers * res.cpus_per_worker, "GPU": res.workers * res.gpus_per_worker}
+
+    def _any_schedule(self) -> Schedule:
+        if self.baselines:
+            return self.baselines[0].schedule
+        from tuner.schedule import Stage
+
+        return self.space.schedule([Stage(0, self.space.total_epochs, self.space.smallest_batch)])
+
+    def concurrency(self) -> int:
+        spec_limit = self._max_concurrent or self.resolved.spec.budget.max_concurrent
+        fits = concurrency_for(
+            self.per_trial_resources(),
+            {k: float(v) for k, v in ray.cluster_resources().items()},  # type: ignore[no-untyped-call]
+            self.budget,
+        )
+        return min(fits, spec_limit) if spec_limit else fits
+
+    def make_searcher(self) -> ScheduleSearcher:
+        spec = self.resolved.spec
+        return ScheduleSearcher(
+            space=self.space,
+            objective=self.objective,
+            baselines=self.baselines,
+            storage_url=self.optuna_storage,
+            study_name=self.optuna_study_name,
+            sampler=spec.budget.sampler,
+            seed=spec.seed,
+            startup_trials=spec.budget.startup_trials,
+            train_size=self.train_size,
+        )
+
+    def make_scheduler(self) -> TrialScheduler:
+        budget = self.resolved.spec.budget
+        metric = self.objective.scheduler_metric
+        if metric is None or not budget.early_stopping:
+            return FIFOScheduler()  # type: ignore[no-untyped-call]
+        return ProtectedASHA(
+            time_attr="training_iteration",
+            metric=metric,
+            mode="max",
+            max_t=self.resolved.total_epochs,
+            grace_period=budget.grace_period_epochs,
+            reduction_factor=budget.reduction_factor,
+            brackets=1,
+        )
+
+    def _tuner(self) -> tuple[tune.Tuner, bool]:
+        path = self.experiment_path
+        if tune.Tuner.can_restore(str(path)):
+            log.info("resuming the Tune experiment at %s", path)
+            return tune.Tuner.restore(str(path), trainable=self.trainable), True
+        run_config = tune.RunConfig(
+            name=self.experiment_name,
+            storage_path=str(self.storage_path),
+            callbacks=self.callbacks,
+            stop=RunStopper(self.objective, self.should_stop),
+            failure_config=tune.FailureConfig(max_failures=self.resolved.spec.budget.max_failures),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
+            verbose=0,
+        )
+        tune_config = tune.TuneConfig(
+            search_alg=self.make_searcher(),
+            scheduler=self.make_scheduler(),
+            num_samples=self.budget,
+            max_concurrent_trials=self.concurrency(),
+            reuse_actors=True,
+            trial_dirname_creator=_trial_dirname,
+        )
+        tuner = tune.Tuner(
+            self.trainable,
+            param_space=self.common_config(),
+            tune_config=tune_config,
+            run_config=run_config,
+        )
+        return tuner, False
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> EngineResult:
+        """Run the experiment to the end (or resume it); returns every trial's outcome."""
+        if not ray.is_initialized():
+            ray.init(log_to_driver=False)  # local Ray, or the cluster RAY_ADDRESS names
+        self.storage_path.mkdir(parents=True, exist_ok=True)
+        with _checkpoint_every_step():
+            tuner, resumed = self._tuner()
+            try:
+                grid = tuner.fit()
+            except tune.TuneError as exc:
+                raise StagetuneError(f"the tuning experiment failed: {exc}") from exc
+        outcomes: list[TrialOutcome] = []
+        for index in range(len(grid)):
+            result = grid[index]
+            error = result.error
+            outcome = outcome_of(
+                self.objective,
+                result.config or {},
+                result.metrics,
+                error=error is not None,
+                error_message=None if error is None else _short(error),
+                train_size=self.train_size,
+            )
+            if outcome is not None:
+                outcomes.append(outcome)
+        outcomes.sort(key=lambda o: o.number)
+        cancelled = bool(self.should_stop is not None and self._stopped_all(tuner))
+        summary = summarize(
+            outcomes,
+            self.objective,
+            extra={
+                "space": self.space.describe(),
+                "budget": self.budget,
+                "resumed": resumed,
+                "cancelled": cancelled,
+                "optuna_study": self.optuna_study_name,
+                "experiment_path": str(self.experiment_path),
+            },
+        )
+        return EngineResult(
+            outcomes=tuple(outcomes),
+            summary=summary,
+            cancelled=cancelled,
+            resumed=resumed,
+            experiment_path=str(self.experiment_path),
+            baselines=self.baselines,
+        )
+
+    def _stopped_all(self, tuner: tune.Tuner) -> bool:
+        """Whether the run ended because ``should_stop`` asked (the stopper may have been
+        restored from the experiment directory, so ask ``should_stop`` again)."""
+        return bool(self.should_stop and self.should_stop())
+
+
+def _short(error: BaseException, limit: int = 500) -> str:
+    text = str(error).strip().splitlines()
+    line = next((t for t in reversed(text) if t.strip()), type(error).__name__)
+    return line if len(line) <= limit else line[: limit - 3] + "..."

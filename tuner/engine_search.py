@@ -1,0 +1,369 @@
+"""The Ray Tune searcher of the engine: baselines first, then Optuna ask/tell on a persistent
+study.
+
+Why not ``ray.tune.search.optuna.OptunaSearch``? Ray 2.60's ``OptunaSearch`` accepts a
+``storage`` and a ``study_name``, but it pickles live ``optuna.Trial`` objects into Tune's
+experiment checkpoint, cannot run fixed configurations that are not points of the
+define-by-run space (our baselines), tells trials that ASHA stopped as *complete* with an
+early-epoch value, and has no way to reject a schedule that violates a constraint before it
+is trained. :class:`ScheduleSearcher` drives Optuna's ask/tell interface itself:
+
+* the Optuna study lives in RDB storage (the service database), created or loaded by name,
+  so it survives restarts and optuna-dashboard can read it; the searcher's checkpoint holds
+  only plain data (Tune trial id -> trial number / Optuna trial number);
+* the first suggestions are the baselines (trial numbers 0, 1, 2); they are not Optuna
+  trials;
+* a sampled schedule that violates the objective's constraint is told to Optuna as an
+  infeasible trial (``Trial.set_constraint``) and another is drawn, so Tune only trains
+  feasible schedules (:data:`MAX_DRAWS` draws at most, then the study fails with a message
+  saying the constraint is too tight for the space);
+* per-epoch accuracy is reported as Optuna intermediate values (single objective), and a
+  trial that ended early (ASHA, cancel) is told ``PRUNED`` (TPE ranks pruned trials by how
+  far they got and their last value); a failed trial is told ``FAIL``;
+* every tuned trial's stagetune number and schedule are Optuna user attributes. After an
+  interrupted run is restored, Optuna trials that are still ``RUNNING`` but unknown to Tune's
+  restored state (suggested after its last checkpoint) are suggested again first, with the
+  same number and schedule, so trial numbers stay dense and the budget is exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import optuna
+import sqlalchemy
+from optuna.trial import TrialState
+from ray.tune.search import Searcher
+
+from tuner.baselines import Baseline
+from tuner.errors import StagetuneError
+from tuner.objectives import StudyObjective
+from tuner.schedule import Schedule
+from tuner.space import ScheduleSpace, constraint_violations
+
+if TYPE_CHECKING:
+    from optuna.samplers import BaseSampler
+
+__all__ = ["MAX_DRAWS", "META_KEY", "ScheduleSearcher", "TrialMeta", "make_sampler"]
+
+log = logging.getLogger(__name__)
+
+#: The trial-config key holding the engine's bookkeeping (the trainable ignores it).
+META_KEY: Final = "stagetune"
+#: Consecutive infeasible draws after which the study fails (the constraint is too tight).
+MAX_DRAWS: Final = 200
+
+_NUMBER_ATTR: Final = "stagetune_number"
+_SCHEDULE_ATTR: Final = "stagetune_schedule"
+
+
+@dataclass(frozen=True)
+class TrialMeta:
+    """What the engine knows about one Tune trial (kept in its config under ``stagetune``)."""
+
+    number: int
+    baseline: str | None
+    params: dict[str, Any]
+    optuna_trial: int | None = None  # Optuna's trial number
+    optuna_trial_id: int | None = None  # Optuna's storage id
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "baseline": self.baseline,
+            "params": self.params,
+            "optuna_trial": self.optuna_trial,
+            "optuna_trial_id": self.optuna_trial_id,
+        }
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> TrialMeta | None:
+        raw = config.get(META_KEY)
+        if not isinstance(raw, Mapping):
+            return None
+        return cls(
+            number=int(raw["number"]),
+            baseline=raw.get("baseline"),
+            params=dict(raw.get("params") or {}),
+            optuna_trial=raw.get("optuna_trial"),
+            optuna_trial_id=raw.get("optuna_trial_id"),
+        )
+
+
+def make_sampler(
+    name: str,
+    *,
+    seed: int,
+    startup_trials: int,
+    multi_objective: bool,
+) -> BaseSampler:
+    """The seeded Optuna sampler of a study (TPE handles constraints and several objectives)."""
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "nsga2":
+        population = max(4, min(50, startup_trials * 2))
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
+    return optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=startup_trials, multivariate=not multi_objective
+    )
+
+
+def _rdb_storage(url: str, engine_kwargs: Mapping[str, Any]) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage; on SQLite with the store's connection settings (WAL journal,
+    ``synchronous=NORMAL``, a busy timeout), which make each write several times cheaper."""
+    kwargs = dict(engine_kwargs)
+    sqlite = url.startswith("sqlite")
+    if sqlite:
+        kwargs.setdefault("connect_args", {"timeout": 30})
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    if sqlite:
+
+        @sqlalchemy.event.listens_for(storage.engine, "connect")
+        def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        storage.engine.dispose()  # connections opened so far lack the pragmas
+    return storage
+
+
+class ScheduleSearcher(Searcher):
+    """Baselines, then schedules drawn by Optuna from :class:`ScheduleSpace`."""
+
+    def __init__(
+        self,
+        *,
+        space: ScheduleSpace,
+        objective: StudyObjective,
+        baselines: Sequence[Baseline],
+        storage_url: str | None,
+        study_name: str,
+        sampler: str = "tpe",
+        seed: int = 0,
+        startup_trials: int = 5,
+        train_size: int | None = None,
+        engine_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(metric=None, mode=None)
+        self._space = space
+        self._objective = objective
+        self._baselines = [(b.name, b.schedule.to_dict()) for b in baselines]
+        self._storage_url = storage_url
+        self._study_name = study_name
+        self._sampler_name = sampler
+        self._seed = seed
+        self._startup_trials = startup_trials
+        self._train_size = train_size
+        self._engine_kwargs = dict(engine_kwargs or {})
+        self._next_number = 0
+        self._trials: dict[str, TrialMeta] = {}
+        self._finished: set[str] = set()
+        self._reported: dict[str, int] = {}  # trial id -> last epoch reported to Optuna
+        self._replay: list[tuple[int, int, int, dict[str, Any], dict[str, Any]]] | None = None
+        self._study: optuna.Study | None = None
+        self._memory_storage: optuna.storages.BaseStorage | None = None
+
+    # ------------------------------------------------------------------ Optuna study
+
+    @property
+    def study(self) -> optuna.Study:
+        """The Optuna study (created on first use, loaded if it exists)."""
+        if self._study is None:
+            storage: str | optuna.storages.BaseStorage
+            if self._storage_url is None:
+                if self._memory_storage is None:
+                    self._memory_storage = optuna.storages.InMemoryStorage()
+                storage = self._memory_storage
+            else:
+                storage = _rdb_storage(self._storage_url, self._engine_kwargs)
+            sampler = make_sampler(
+                self._sampler_name,
+                seed=self._seed,
+                startup_trials=self._startup_trials,
+                multi_objective=self._objective.is_multi,
+            )
+            self._study = optuna.create_study(
+                storage=storage,
+                study_name=self._study_name,
+                sampler=sampler,
+                directions=list(self._objective.directions),
+                load_if_exists=True,
+            )
+            if "stagetune_objective" not in self._study.user_attrs:
+                self._study.set_user_attr("stagetune_objective", list(self._objective.names))
+        return self._study
+
+    # ------------------------------------------------------------------ Tune interface
+
+    def set_search_properties(
+        self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any
+    ) -> bool:
+        return True  # the searcher brings its own space and objective
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        if trial_id in self._trials:
+            meta = self._trials[trial_id]
+            raise StagetuneError(f"trial {trial_id} (number {meta.number}) was suggested twice")
+        if self._replay is None:
+            self._replay = self._orphans()
+        if self._replay:
+            number, ot_number, ot_id, replayed, params = self._replay.pop(0)
+            meta = TrialMeta(number, None, params, ot_number, ot_id)
+            self._next_number = max(self._next_number, number + 1)
+            return self._issue(trial_id, meta, replayed)
+        number = self._next_number
+        if number < len(self._baselines):
+            name, schedule_dict = self._baselines[number]
+            self._next_number += 1
+            return self._issue(trial_id, TrialMeta(number, name, {}), schedule_dict)
+        schedule, trial = self._draw()
+        params = dict(trial.params)
+        # The storage id lets later reports address the trial without a live Trial object.
+        meta = TrialMeta(number, None, params, trial.number, trial._trial_id)
+        schedule_dict = schedule.to_dict()
+        trial.set_user_attr(_NUMBER_ATTR, number)
+        trial.set_user_attr(_SCHEDULE_ATTR, schedule_dict)
+        self._next_number += 1
+        return self._issue(trial_id, meta, schedule_dict)
+
+    def _issue(self, trial_id: str, meta: TrialMeta, schedule: dict[str, Any]) -> dict[str, Any]:
+        self._trials[trial_id] = meta
+        return {"schedule": schedule, META_KEY: meta.to_dict()}
+
+    def _draw(self) -> tuple[Schedule, optuna.Trial]:
+        study = self.study
+        for _ in range(MAX_DRAWS):
+            trial = study.ask()
+            schedule = self._space.sample(trial)
+            violations = constraint_violations(schedule, self._objective.spec, self._train_size)
+            for name, amount in violations.items():
+                trial.set_constraint(name, amount)
+            if all(v <= 0 for v in violations.values()):
+                return schedule, trial
+            trial.set_user_attr("stagetune_infeasible", True)
+            study.tell(trial, list(self._objective.infeasible_values()))
+        raise StagetuneError(
+            f"the objective's constraint rejected {MAX_DRAWS} schedules in a row: it is too "
+            "tight for the search space; narrow space.batch_size (or the stage counts) "
+            "towards schedules that meet it, or relax the constraint"
+        )
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        meta = self._trials.get(trial_id)
+        if meta is None or meta.optuna_trial_id is None or self._objective.is_multi:
+            return
+        value = result.get(self._objective.scheduler_metric or "val_accuracy")
+        step = result.get("training_iteration")
+        if not isinstance(value, int | float) or not isinstance(step, int):
+            return
+        if step <= self._reported.get(trial_id, 0):
+            return
+        self._reported[trial_id] = step
+        ot = optuna.trial.Trial(self.study, meta.optuna_trial_id)
+        with warnings.catch_warnings():
+            # A trial replayed after a restore reports its epochs again; Optuna keeps the first.
+            warnings.filterwarnings("ignore", message=r".*is already reported.*")
+            try:
+                ot.report(float(value), step)
+            except (ValueError, RuntimeError) as exc:  # finished elsewhere, NaN...
+                log.debug("not reporting to Optuna trial %s: %s", meta.optuna_trial, exc)
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+    ) -> None:
+        meta = self._trials.get(trial_id)
+        if meta is None or trial_id in self._finished:
+            return
+        self._finished.add(trial_id)
+        if meta.optuna_trial is None:
+            return  # a baseline
+        state, values = self._outcome(result, error)
+        try:
+            self.study.tell(meta.optuna_trial, values, state=state, skip_if_finished=True)
+        except (ValueError, RuntimeError) as exc:
+            log.warning("could not tell Optuna trial %s: %s", meta.optuna_trial, exc)
+
+    def _outcome(
+        self, result: Mapping[str, Any] | None, error: bool
+    ) -> tuple[TrialState, list[float] | None]:
+        if error or not result:
+            return TrialState.FAIL, None
+        values = self._objective.values(result)
+        if values is None:
+            return TrialState.FAIL, None
+        finished = self._objective.is_finished_run(result) or bool(result.get("diverged"))
+        if not finished:
+            if self._objective.is_multi:
+                return TrialState.FAIL, None  # Optuna has no pruning for several objectives
+            return TrialState.PRUNED, None
+        return TrialState.COMPLETE, list(values)
+
+    # ------------------------------------------------------------------ resume
+
+    def _orphans(self) -> list[tuple[int, int, int, dict[str, Any], dict[str, Any]]]:
+        """Optuna trials still RUNNING that Tune's (restored) state does not know."""
+        if self._storage_url is None:
+            return []
+        known = {m.optuna_trial for m in self._trials.values() if m.optuna_trial is not None}
+        out = []
+        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            number = frozen.user_attrs.get(_NUMBER_ATTR)
+            schedule = frozen.user_attrs.get(_SCHEDULE_ATTR)
+            if frozen.number in known:
+                continue
+            if isinstance(number, int) and isinstance(schedule, dict):
+                out.append((number, frozen.number, frozen._trial_id, schedule, dict(frozen.params)))
+            else:  # asked, never issued: give it back as failed
+                self.study.tell(frozen.number, state=TrialState.FAIL, skip_if_finished=True)
+        out.sort()
+        return out
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "next_number": self._next_number,
+            "trials": {k: v.to_dict() for k, v in self._trials.items()},
+            "finished": sorted(self._finished),
+            "reported": dict(self._reported),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._next_number = int(state["next_number"])
+        self._trials = {
+            k: TrialMeta.from_config({META_KEY: v}) or TrialMeta(0, None, {})
+            for k, v in state["trials"].items()
+        }
+        self._finished = set(state["finished"])
+        self._reported = dict(state["reported"])
+        self._replay = None  # look for orphans again before the next suggestion
+        self._study = None
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as fh:
+            pickle.dump(self.get_state(), fh)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as fh:
+            self.set_state(pickle.load(fh))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_study"] = None  # live DB connections; reloaded by name
+        if self._storage_url is not None:
+            state["_memory_storage"] = None
+        return state
+
+    # ------------------------------------------------------------------ introspection
+
+    def meta(self, trial_id: str) -> TrialMeta | None:
+        return self._trials.get(trial_id)
+
+    @property
+    def numbers_issued(self) -> int:
+        return self._next_number
