@@ -765,6 +765,8 @@ def test_topology_runs_a_study_on_the_ray_worker_node(topology: Topology) -> Non
     assert not misplaced, f"user code outside the Ray worker node: {misplaced}"
     actors = state_api_actors(topo)
     if actors is not None:  # the same through Ray's state API, by node id
+        dashboard = f"http://127.0.0.1:{topo.dashboard_port}/api/v0/actors"
+        assert httpx.get(dashboard, timeout=30).status_code == 401  # token auth there too
         trial_actors = [a for a in actors if a["class_name"] == "ScheduleTrainable"]
         assert trial_actors
         assert {a["node_id"] for a in trial_actors} == {nodes["ray-worker"]["id"]}

@@ -8,6 +8,7 @@ the store, as a dispatcher would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,3 +368,100 @@ def test_wait_exits_1_when_the_study_fails(server: Server, tmp_path: Path) -> No
     assert out == ""
     last = err.strip().splitlines()[-1]
     assert last == f"stagetune: error: study {study_id} failed: task exploded: out of memory"
+
+
+# --- acceptance: a real study through `stagetune serve` -------------------------------------
+
+DIGITS_EXAMPLE = REPO / "examples" / "digits.yaml"
+MARKER_VAR = "STAGETUNE_CLI_TEST_RUN"
+
+
+def _marked(marker: str) -> list[int]:
+    """Live processes that carry ``marker`` in their environment (all the test started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"{MARKER_VAR}={marker}".encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_submit_wait_against_serve_prints_progress_and_the_best_schedule(tmp_path: Path) -> None:
+    """``stagetune submit examples/digits.yaml --wait`` against ``stagetune serve`` (API and
+    embedded dispatcher on a local Ray instance) runs the study for real."""
+    marker = uuid.uuid4().hex
+    port = free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "STAGETUNE_"))}
+    env = {
+        **clean,
+        MARKER_VAR: marker,
+        "STAGETUNE_DATABASE_URL": f"sqlite:///{tmp_path / 'stagetune.db'}",
+        "STAGETUNE_DATA_DIR": str(tmp_path / "data"),
+        "STAGETUNE_API_TOKEN": TOKEN,
+        "STAGETUNE_POLL_S": "0.5",
+    }
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log:
+        serve = subprocess.Popen(
+            [str(STAGETUNE), "serve", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert serve.poll() is None, log_path.read_text()
+            try:
+                if httpx.get(f"{url}/api/v1/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "stagetune serve did not come up"
+            time.sleep(0.5)
+
+        done = stagetune(
+            "submit",
+            str(DIGITS_EXAMPLE),
+            "--url",
+            url,
+            "--wait",
+            "--interval",
+            "1",
+            "--timeout",
+            "700",
+            env={**cli_env(), MARKER_VAR: marker},
+            timeout=800,
+        )
+        assert done.returncode == 0, f"{done.stderr}\n{log_path.read_text()[-5000:]}"
+        study_id = int(done.stderr.split("submitted study ", 1)[1].split()[0])
+        progress = [line for line in done.stderr.splitlines() if line.startswith("study ")]
+        assert any(f"study {study_id}: running, trials" in line for line in progress)
+        assert progress[-1].startswith(f"study {study_id} completed; best ")
+        schedule = Schedule.from_yaml(done.stdout)
+        assert schedule.total_epochs == 6
+    finally:
+        if serve.poll() is None:
+            serve.send_signal(signal.SIGTERM)  # serve stops its dispatcher, which stops Ray
+            try:
+                serve.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(serve.pid, signal.SIGKILL)
+                serve.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while (left := _marked(marker)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes outlived stagetune serve: {left}"

@@ -335,22 +335,23 @@ def wait_for(
 class _Display:
     """Shows a study's progress on stderr: a rich progress bar on a terminal, else lines."""
 
-    def __init__(self, study_id: int) -> None:
+    def __init__(self, study: Mapping[str, Any]) -> None:
         self.console = Console(stderr=True)
-        self.study_id = study_id
+        self.study = study
         self.last_line = ""
+        self.last_best = "-"
         self.progress: Progress | None = None
         self.task: Any = None
         if self.console.is_terminal:
+            # One short line; each new best (with its schedule) is printed above it.
             self.progress = Progress(
                 SpinnerColumn(),
-                TextColumn("study {task.fields[study]}"),
-                TextColumn("{task.fields[status]}"),
-                BarColumn(),
+                TextColumn("study {task.fields[study]} {task.fields[status]}"),
+                BarColumn(bar_width=20),
                 MofNCompleteColumn(),
                 TextColumn("trials, {task.fields[running]} running"),
-                TextColumn("best {task.fields[best]}"),
                 TimeElapsedColumn(),
+                TextColumn("best {task.fields[best]}"),
                 console=self.console,
                 transient=False,
             )
@@ -359,8 +360,9 @@ class _Display:
         if self.progress is not None:
             self.progress.start()
             self.task = self.progress.add_task(
-                "study", total=None, study=self.study_id, status="queued", running=0, best="-"
+                "study", total=None, study=self.study.get("id"), status="", running=0, best="-"
             )
+            self.update(self.study)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -375,13 +377,19 @@ class _Display:
                 self.last_line = line
             return
         p = _progress(study)
+        best = best_text(study)
+        if best not in ("-", self.last_best):
+            self.progress.console.print(f"new best {best}", highlight=False)
+            self.last_best = best
+        best_value = study.get("best") or {}
+        value = best_value.get("value") if isinstance(best_value, Mapping) else None
         self.progress.update(
             self.task,
             total=p.get("budget"),
             completed=p.get("trials_done", 0),
             status=str(study.get("status")),
             running=p.get("trials_running", 0),
-            best=best_text(study),
+            best=f"{value:.4g}" if isinstance(value, int | float) else "-",
         )
 
 
@@ -482,7 +490,7 @@ def submit(
             print(study_id)
             return
         print(f"submitted study {study_id} to {client.url}", file=sys.stderr)
-        with _Display(study_id) as display:
+        with _Display(study) as display:
             final = wait_for(
                 client,
                 study_id,
