@@ -263,8 +263,9 @@ class TasksOut(Schema):
 
 class HealthOut(Schema):
     status: Literal["ok"]
-    version: str
+    version: str = Field(description="The stagetune version serving.")
     database: Literal["ok"]
+    schema_revision: str = Field(description="The database schema's migration revision.")
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:

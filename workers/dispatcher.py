@@ -15,6 +15,8 @@ When nothing is queued the dispatcher sleeps ``poll_s`` and looks again.
   exits with status 0. A dispatcher killed outright stops heartbeating, so another one takes
   its study over after ``stale_after_s``.
 * ``once``: exit when the queue is empty; ``max_studies``: exit after that many studies.
+* While the database is unreachable the dispatcher retries its claims with a growing delay
+  (up to 30 s) instead of exiting.
 
 Several dispatchers (processes, machines) can share one database: each claim is atomic
 (PostgreSQL ``FOR UPDATE SKIP LOCKED``, SQLite ``BEGIN IMMEDIATE`` plus a guarded update), so
@@ -35,11 +37,16 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Protocol
 
+from sqlalchemy.exc import OperationalError
+
 from tuner.errors import ConflictError, InvalidStateError, NotFoundError, StagetuneError
 from tuner.settings import Settings
 from tuner.store import StudyRecord, StudyStatus, StudyStore
 
 log = logging.getLogger(__name__)
+
+#: Longest wait between two claims while the database is unreachable.
+MAX_OUTAGE_BACKOFF_S = 30.0
 
 __all__ = [
     "DispatchStats",
@@ -193,10 +200,18 @@ class Dispatcher:
     def run(self) -> DispatchStats:
         """Run studies until stopped (or, with ``once``, until the queue is empty)."""
         log.info("dispatcher %s started", self.worker_id)
+        outage_s = 0.0
         while not self._stop.is_set():
             if self.max_studies is not None and len(self.stats.studies) >= self.max_studies:
                 break
-            study = self.run_one()
+            try:
+                study = self.run_one()
+            except OperationalError as exc:  # the database is unreachable: wait, try again
+                outage_s = min(MAX_OUTAGE_BACKOFF_S, max(self.settings.poll_s, 2 * outage_s))
+                log.warning("cannot claim studies (%s); retrying in %.1f s", exc, outage_s)
+                self._stop.wait(outage_s)
+                continue
+            outage_s = 0.0
             if study is None:
                 if self.once:
                     break
@@ -205,7 +220,8 @@ class Dispatcher:
         return self.stats
 
     def run_one(self) -> StudyRecord | None:
-        """Claim one study and run it to its end; ``None`` if there was nothing to claim."""
+        """Claim one study and run it to its end; returns the study as claimed, ``None`` if
+        there was nothing to claim."""
         study = self.store.claim_study(self.worker_id, self.settings.stale_after_s)
         if study is None:
             return None
@@ -218,7 +234,7 @@ class Dispatcher:
                 self._run_study(study.id)
         finally:
             self._running = None
-        return self.store.get_study(study.id)
+        return study
 
     def _run_study(self, study_id: int) -> None:
         try:

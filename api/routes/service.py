@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 
 from fastapi import APIRouter
-from sqlalchemy import text
 
 from api.deps import StoreDep
 from api.errors import ApiError
 from api.schemas import HealthOut, TasksOut, error_responses
 from tuner import __version__
+from tuner.store import migrate
 from tuner.tasks import available_tasks
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,11 @@ def list_tasks() -> TasksOut:
     return TasksOut(tasks=available_tasks())
 
 
+@lru_cache(maxsize=1)
+def _schema_head() -> str:
+    return migrate.head()
+
+
 @health_router.get(
     "/health",
     response_model=HealthOut,
@@ -34,11 +40,20 @@ def list_tasks() -> TasksOut:
     responses=error_responses(503),
 )
 def health(store: StoreDep) -> HealthOut:
-    """200 when the database answers, 503 (error body) otherwise. Never needs a token."""
+    """200 when the database answers and its schema is current; 503 (error body) otherwise.
+    Never needs a token."""
     try:
-        with store.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+        revision = migrate.current(store.url)
     except Exception as exc:  # any failure to reach the database is "unreachable"
         log.warning("health check: database unreachable: %s", exc)
         raise ApiError(503, "the database is unreachable", code="unavailable") from None
-    return HealthOut(status="ok", version=__version__, database="ok")
+    newest = _schema_head()
+    if revision != newest:
+        where = "has no stagetune schema" if revision is None else f"is at revision {revision}"
+        raise ApiError(
+            503,
+            f"the database {where}, but this stagetune needs {newest}; run `alembic upgrade "
+            "head` (or `deploy/stagetune-role migrate`) with STAGETUNE_DATABASE_URL set",
+            code="schema_outdated",
+        )
+    return HealthOut(status="ok", version=__version__, database="ok", schema_revision=revision)

@@ -22,7 +22,7 @@ from tests.api.conftest import (
     open_client,
 )
 from tuner import __version__
-from tuner.store import StudyStore
+from tuner.store import StudyStore, migrate
 from tuner.tasks import available_tasks
 
 
@@ -36,7 +36,26 @@ def test_tasks_lists_registered_names(client: TestClient) -> None:
 def test_health_reports_database_and_version(client: TestClient) -> None:
     r = client.get("/api/v1/health")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "version": __version__, "database": "ok"}
+    assert r.json() == {
+        "status": "ok",
+        "version": __version__,
+        "database": "ok",
+        "schema_revision": migrate.head(),
+    }
+
+
+@pytest.mark.postgres
+def test_health_is_503_on_a_postgres_database_without_the_schema(pg_url: str) -> None:
+    with open_client(make_settings(pg_url)) as client:  # PostgreSQL is migrated explicitly
+        r = client.get("/api/v1/health")
+    assert r.status_code == 503
+    assert "alembic upgrade head" in error_message(r.json(), "schema_outdated")
+
+
+def test_embedded_sqlite_gets_its_schema_on_start(sqlite_url: str) -> None:
+    with open_client(make_settings(sqlite_url)) as client:  # a new, empty SQLite file
+        assert client.get("/api/v1/health").status_code == 200
+        assert client.post(STUDIES, json={"task": "digits"}).status_code == 201
 
 
 def test_health_is_503_when_the_database_is_unreachable() -> None:
