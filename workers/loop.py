@@ -419,6 +419,10 @@ class TrialWorker:
         return {
             "rank": self.rank,
             "pid": os.getpid(),
+            "device": str(self.device),
+            "backend": self.ctx.backend,
+            "amp": self.device.type == "cuda" and spec.amp,
+            "channels_last": self._channels_last,
             "num_train": n,
             "num_val": data.num_val,
             "parameters": numel,

@@ -106,8 +106,44 @@ class OOMAlwaysTask(OOMTask):
     limit: ClassVar[int] = 0
 
 
+class Images4dTask(BaseTask[TaskOptions]):
+    """Random 3x8x8 images and a small conv net with BatchNorm (4-D input: channels-last)."""
+
+    name = "test_images4d"
+    description = "random 3x8x8 images, 4 classes, conv + BatchNorm"
+    default_epochs = 2
+    default_base_batch_size = 32
+    default_base_lr = 0.05
+    options_model = TaskOptions
+
+    def _load(self, opts: TaskOptions, data_seed: int) -> TaskData:
+        g = torch.Generator().manual_seed(data_seed)
+        y = torch.randint(0, 4, (384,), generator=g)
+        x = torch.randn(384, 3, 8, 8, generator=g) + y.view(-1, 1, 1, 1).float()
+        return TaskData(
+            train_x=x[:256],
+            train_y=y[:256],
+            val_x=x[256:320],
+            val_y=y[256:320],
+            test_x=x[320:],
+            test_y=y[320:],
+            num_classes=4,
+            input_shape=(3, 8, 8),
+        )
+
+    def _build(self, opts: TaskOptions) -> nn.Module:
+        return nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(8, 4),
+        )
+
+
 class LoopTrainable(ScheduleTrainable):
-    extra_tasks = (Float64Task(), OOMTask(), OOMAlwaysTask())
+    extra_tasks = (Float64Task(), OOMTask(), OOMAlwaysTask(), Images4dTask())
 
 
 # ------------------------------------------------------------------------------------------
@@ -394,3 +430,43 @@ def test_out_of_memory_at_micro_batch_one_fails_with_a_clear_reason(
     trainable = make_trainable(trial_config(schedule, OOMAlwaysTask.name))
     with pytest.raises(TrialOOMError, match="even with micro-batch 1"):
         trainable.train()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_single_worker_noise_scale_comes_from_accumulation(
+    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+) -> None:
+    schedule = Schedule.constant(64, 2, 0.05)
+    trainable = make_trainable(trial_config(schedule, "digits", workers=1))
+    plain = run_trial(trainable)
+    # One worker, no accumulation: no smaller batch to compare with, so no noise scale.
+    assert [r["noise_scale"] for r in plain] == [None, None]
+    trainable.reset_config(trial_config(schedule, "digits", workers=1, micro_batch=16))
+    accumulated = run_trial(trainable)
+    assert all(r["accumulation_steps"] == 4 for r in accumulated)
+    assert all(isinstance(r["noise_scale"], float) for r in accumulated)
+    assert all(r["noise_scale"] > 0 for r in accumulated)
+    # Accumulation changes how the batch is computed, not what is learned.
+    for a, b in zip(plain, accumulated, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+        assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=0.01)
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_path_uses_bf16_autocast_and_channels_last(
+    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+) -> None:
+    schedule = Schedule.constant(32, 2, 0.05)
+    trainable = make_trainable(
+        trial_config(schedule, Images4dTask.name, workers=1, gpus_per_worker=1.0)
+    )
+    (info,) = trainable.worker_info
+    assert info["device"].startswith("cuda")
+    assert info["backend"] == "nccl"
+    assert info["amp"] is True
+    assert info["channels_last"] is True
+    results = run_trial(trainable)
+    assert all(math.isfinite(r["train_loss"]) for r in results)
+    assert results[-1]["val_accuracy"] > 0.5

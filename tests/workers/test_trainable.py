@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import ray
 
-from tuner.schedule import Schedule, Stage
+from tuner.schedule import Schedule, ScheduleError, Stage
 from workers.gang import WorkerDiedError
 from workers.trainable import ScheduleTrainable, resource_request
 
@@ -117,6 +117,14 @@ def test_reused_gang_gives_the_same_results_as_a_fresh_one(
     assert all(r["worker_pids"] == list(pids) for r in first + again)
     assert comparable(again) == comparable(first)
 
+    # A trial the workers reject (a batch larger than the dataset) fails with the reason and
+    # leaves the gang usable for the next trial.
+    too_big = trial_config(Schedule.constant(4096, 1, 0.1))
+    with pytest.raises(ScheduleError, match="larger than the dataset"):
+        reused.reset_config(too_big)
+    assert reused.reset_config(config) is True
+    assert reused.worker_pids == pids
+
     reused.stop()
     fresh = make_trainable(config)
     assert set(fresh.worker_pids).isdisjoint(pids)
@@ -194,7 +202,7 @@ def test_performance_aware_split_moves_work_off_a_slow_worker(
     def imbalance(results: list[dict[str, Any]]) -> float:
         fast = sum(r["worker_compute_s"][0] for r in results[1:])
         slow = sum(r["worker_compute_s"][1] for r in results[1:])
-        return slow / fast
+        return float(slow / fast)
 
     assert imbalance(equal_results) > 2.5  # the slow rank holds every step up
     assert imbalance(aware_results) < 0.6 * imbalance(equal_results)
