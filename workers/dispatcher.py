@@ -80,6 +80,9 @@ def ray_runner(settings: Settings) -> StudyRunner:
     def run(store: StudyStore, study_id: int, worker_id: str) -> object:
         from workers.runner import run_study  # imports Ray: only where studies really run
 
+        # Trials are persisted in the store; Tune's own CSV/JSON/TensorBoard files are not
+        # needed (and its CSV logger leaks open files when an experiment is stopped early).
+        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
         return run_study(
             store,
             study_id,

@@ -211,3 +211,54 @@ def test_two_worker_commands_run_real_studies_exactly_once(
         assert trials.total == 1
         assert trials.items[0].status is TrialStatus.COMPLETED
         assert trials.items[0].epochs_done == 1
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_cancel_stops_a_real_run_and_the_dispatcher_goes_on(
+    sqlite_url: str, ray_session: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The production runner on the session's Ray: a cancel stops the study mid-way."""
+    import threading
+
+    # What the runner sets in a dispatcher process; here it must not outlive the test.
+    monkeypatch.setenv("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+
+    from tuner.settings import Settings
+    from workers.dispatcher import Dispatcher
+
+    upgrade(sqlite_url)
+    with StudyStore(sqlite_url) as store:
+        spec = quick_spec("cancelled").model_copy(
+            update={
+                "schedule": quick_spec("x").schedule.model_copy(update={"total_epochs": 3}),
+                "budget": quick_spec("x").budget.model_copy(
+                    update={"trials": 8, "max_concurrent": 1}
+                ),
+            }
+        )
+        cancelled = submit(store, StudySpec.from_dict(spec.to_dict()))
+        after = submit(store, quick_spec("after"))
+
+        def cancel_when_a_trial_runs() -> None:
+            deadline = time.monotonic() + 300
+            while store.list_trials(cancelled).total == 0 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            store.request_cancel(cancelled)
+
+        canceller = threading.Thread(target=cancel_when_a_trial_runs, daemon=True)
+        canceller.start()
+        settings = Settings(
+            _env_file=None,  # type: ignore[call-arg]
+            data_dir=tmp_path,
+            heartbeat_s=1.0,
+            poll_s=0.5,
+        )
+        stats = Dispatcher(store, settings, worker_id="w-cancel", once=True).run()
+        canceller.join(timeout=5)
+        assert stats.studies == [cancelled, after]
+        study = store.get_study(cancelled)
+        assert study.status is StudyStatus.CANCELLED, study.error
+        assert study.cancel_requested
+        assert store.list_trials(cancelled, status=TrialStatus.COMPLETED).total < 8
+        assert store.get_study(after).status is StudyStatus.COMPLETED
