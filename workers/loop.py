@@ -470,7 +470,6 @@ class TrialWorker:
         applied = 0
         epoch_samples = 0
         last_lr = schedule.lr_at(float(epoch))
-        placement = self._placement(batch, weights)
         k = 0
         while k < steps:
             lo = k * batch
@@ -506,6 +505,8 @@ class TrialWorker:
         eval_time = time.perf_counter() - eval_started
         if val_loss is None:
             self._diverged = True
+        # The stage's split as it stands at the epoch's end (after any OOM retries).
+        placement = self._placement(batch, weights)
         return {
             "epoch": epoch,
             "stage": stage_index,

@@ -470,3 +470,20 @@ def test_cuda_path_uses_bf16_autocast_and_channels_last(
     results = run_trial(trainable)
     assert all(math.isfinite(r["train_loss"]) for r in results)
     assert results[-1]["val_accuracy"] > 0.5
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_drop_last_false_trains_every_sample(
+    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+) -> None:
+    # 1079 samples at batch 100: 10 full steps and a last step of 79 samples, split 40/39
+    # over the two workers (an even split is impossible; the gradient is still the mean).
+    schedule = Schedule.constant(100, 2, 0.05)
+    trainable = make_trainable(trial_config(schedule, "digits", drop_last=False))
+    results = run_trial(trainable)
+    assert [r["steps"] for r in results] == [11, 22]
+    assert [r["samples"] for r in results] == [1079, 2158]
+    assert schedule.total_steps(1079, drop_last=False) == 22
+    assert results[-1]["local_batches"] == [50, 50]
+    assert results[-1]["val_accuracy"] > 0.8
