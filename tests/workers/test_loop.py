@@ -24,7 +24,7 @@ from torch.nn import functional as F  # noqa: N812
 from tuner.errors import ValidationError
 from tuner.schedule import Schedule, Stage, place_batch
 from workers.gang import Gang
-from workers.loop import TrialOOMError, TrialSpec, TrialWorker
+from workers.loop import LARS, TrialOOMError, TrialSpec, TrialWorker
 from workers.noise_scale import NoiseScaleEstimator, unbiased_estimates
 from workers.tasks import BaseTask, TaskData, TaskOptions, get_task
 from workers.trainable import METRIC_KEYS, ScheduleTrainable
@@ -276,6 +276,22 @@ def test_noise_scale_is_undefined_without_a_smaller_batch() -> None:
     estimator = NoiseScaleEstimator()
     estimator.update(1.0, 1 / 32, 0.5, 1 / 32)
     assert estimator.value is None
+
+
+def test_lars_scales_matrix_steps_by_the_trust_ratio() -> None:
+    weight = nn.Parameter(torch.tensor([[3.0, 4.0]], dtype=torch.float64))  # |w| = 5
+    bias = nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
+    weight.grad = torch.tensor([[0.6, 0.8]], dtype=torch.float64)  # |g| = 1
+    bias.grad = torch.tensor([0.5], dtype=torch.float64)
+    optimizer = LARS([weight, bias], lr=2.0, momentum=0.9, weight_decay=0.1, eta=0.001)
+    optimizer.step()
+    trust = 0.001 * 5.0 / (1.0 + 0.1 * 5.0)
+    expected_w = torch.tensor([[3.0, 4.0]]) - 2.0 * trust * (
+        torch.tensor([[0.6, 0.8]]) + 0.1 * torch.tensor([[3.0, 4.0]])
+    )
+    assert torch.allclose(weight.detach(), expected_w.double(), atol=1e-9)
+    # 1-D parameters (biases, norms) take a plain momentum-SGD step with weight decay.
+    assert bias.item() == pytest.approx(1.0 - 2.0 * (0.5 + 0.1 * 1.0), abs=1e-12)
 
 
 # ------------------------------------------------------------------------------------------
