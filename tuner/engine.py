@@ -390,7 +390,12 @@ class TuningEngine:
         path = self.experiment_path
         if tune.Tuner.can_restore(str(path)):
             log.info("resuming the Tune experiment at %s", path)
-            return tune.Tuner.restore(str(path), trainable=self.trainable), True
+            # Tune does not keep the param space in the experiment directory: without it,
+            # trials created after the restore would lack the shared config keys.
+            tuner = tune.Tuner.restore(
+                str(path), trainable=self.trainable, param_space=self.common_config()
+            )
+            return tuner, True
         run_config = tune.RunConfig(
             name=self.experiment_name,
             storage_path=str(self.storage_path),

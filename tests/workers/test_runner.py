@@ -1,0 +1,228 @@
+"""Acceptance: real studies on the ``digits`` task with the real trainable (gloo workers on the
+session's local Ray), the real store (SQLite) and the real Optuna study in the same database.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import ray
+
+from tuner.schedule import Schedule
+from tuner.spec import StudySpec
+from tuner.store.records import StudyStatus, TrialStatus
+from tuner.store.storage import StudyStore
+from workers.runner import optuna_study_name, run_study, tune_spec
+
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.slow,
+    # Ray Tune leaves a trial's result.json / progress.csv open when an experiment is stopped
+    # (cancel); Ray's own leak, reported as a ResourceWarning.
+    pytest.mark.filterwarnings(r"ignore:unclosed file.*driver_artifacts:ResourceWarning"),
+    pytest.mark.filterwarnings(
+        r"ignore:Exception ignored in.*driver_artifacts:pytest.PytestUnraisableExceptionWarning"
+    ),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+
+SPEC = """
+task: digits
+name: digits-acceptance
+schedule: {total_epochs: 4}
+space:
+  stages: {min: 1, max: 2}
+  batch_size: {min: 32, max: 256}
+  lr_multiplier: {min: 0.5, max: 2.0}
+budget: {trials: 6, grace_period_epochs: 2, reduction_factor: 2}
+resources: {workers: 1, cpus_per_worker: 1}
+"""
+
+
+def test_a_small_digits_study_end_to_end(
+    ray_session: None, sqlite_url: str, tmp_path: Path
+) -> None:
+    spec = StudySpec.from_yaml(SPEC)
+    out = tmp_path / "best.yaml"
+    result = tune_spec(spec, sqlite_url, out, storage_path=tmp_path / "ray", quiet=True)
+
+    store = StudyStore(sqlite_url)
+    study = store.get_study(result.study_id)
+    assert study.status is StudyStatus.COMPLETED
+    trials = store.list_trials(study.id).items
+    # Every trial of the budget, numbered densely, persisted with its per-epoch metrics.
+    assert [t.number for t in trials] == list(range(6))
+    assert all(t.status is not TrialStatus.RUNNING for t in trials)
+    for trial in trials:
+        curve = store.trial_metrics(trial.id)
+        assert [m.epoch for m in curve] == list(range(trial.epochs_done))
+        assert all(m.val_accuracy is not None and m.steps for m in curve)
+        assert trial.val_accuracy == curve[-1].val_accuracy
+        if trial.status is TrialStatus.COMPLETED:
+            assert trial.epochs_done == 4
+
+    # Baselines first: the lowest numbers, started before any tuned trial, run to the end.
+    baselines = [t for t in trials if t.baseline is not None]
+    tuned = [t for t in trials if t.baseline is None]
+    assert [(t.number, t.baseline) for t in baselines] == [
+        (0, "small_batch"),
+        (1, "large_batch"),
+        (2, "increase_batch"),
+    ]
+    assert max(t.started_at for t in baselines) <= min(t.started_at for t in tuned)
+    assert all(t.status is TrialStatus.COMPLETED for t in baselines)
+
+    # The result: the best completed tuned trial, or a baseline when none beats it.
+    summary = study.summary
+    assert summary is not None
+    assert summary["best"]["number"] == study.best_trial_number == result.best_number
+    best = next(t for t in trials if t.number == study.best_trial_number)
+    done = [t.val_accuracy or 0.0 for t in tuned if t.status is TrialStatus.COMPLETED]
+    if summary["best_is_baseline"]:
+        assert best.baseline is not None
+        assert "baseline" in summary["note"]
+        assert all(acc <= (best.val_accuracy or 0.0) for acc in done)
+    else:
+        assert best.baseline is None
+        assert best.val_accuracy == max(done)
+    assert [b["baseline"] for b in summary["baselines"]] == [
+        "small_batch",
+        "large_batch",
+        "increase_batch",
+    ]
+    for row in summary["baselines"]:
+        assert {"val_accuracy", "steps", "wall_time_s", "mean_batch_size", "vs_best"} <= set(row)
+
+    # The exported YAML is the best trial's schedule, valid and loadable.
+    exported = Schedule.load(out)
+    assert exported.stages == Schedule.from_dict(best.schedule).stages
+    assert result.best_schedule is not None
+    assert result.best_schedule.stages == exported.stages
+
+    # The Optuna study lives in the same database (tuned trials only).
+    ot = optuna.load_study(study_name=optuna_study_name(study.id), storage=sqlite_url)
+    assert sorted(t.user_attrs["stagetune_number"] for t in ot.trials) == [3, 4, 5]
+
+
+CHILD = """
+import sys
+from tuner.store.storage import StudyStore
+from workers.runner import run_study
+url, study_id, worker_id, storage = sys.argv[1:5]
+run_study(StudyStore(url), int(study_id), worker_id=worker_id, storage_path=storage)
+"""
+
+
+def _finished(store: StudyStore, study_id: int) -> dict[int, tuple[object, ...]]:
+    return {
+        t.number: (t.status, t.finished_at, t.epochs_done, t.val_accuracy, t.wall_time_s)
+        for t in store.list_trials(study_id).items
+        if t.status is not TrialStatus.RUNNING
+    }
+
+
+def test_an_interrupted_study_resumes_without_rerunning_finished_trials(
+    ray_session: None, sqlite_url: str, tmp_path: Path
+) -> None:
+    spec = StudySpec.from_yaml(
+        SPEC.replace(
+            "budget: {trials: 6, grace_period_epochs: 2, reduction_factor: 2}",
+            "budget: {trials: 7, early_stopping: false}",
+        )
+    )
+    store = StudyStore(sqlite_url, create=True)
+    study = store.create_study(spec.task, spec.to_dict(), spec.budget.trials)
+    claimed = store.claim_study("worker-a", stale_after_s=60)
+    assert claimed is not None
+    assert claimed.id == study.id
+    storage = tmp_path / "ray"
+
+    # Run the study in a real process attached to this session's Ray, and kill it outright
+    # once three trials are finished.
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+        "PYTHONPATH": str(REPO),
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, sqlite_url, str(study.id), "worker-a", str(storage)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while len(_finished(store, study.id)) < 3:
+            assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
+            assert time.monotonic() < deadline, "the study did not get going"
+            time.sleep(0.2)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        if child.stderr:
+            child.stderr.close()
+    before = _finished(store, study.id)
+    assert store.get_study(study.id).status is StudyStatus.RUNNING
+    assert len(before) < 7
+
+    # Resume (here, in this process): the experiment and the Optuna study are restored.
+    result = run_study(store, study.id, worker_id="worker-a", storage_path=storage)
+
+    assert result.status is StudyStatus.COMPLETED
+    trials = store.list_trials(study.id).items
+    assert [t.number for t in trials] == list(range(7))  # exactly the budget
+    assert all(t.status is TrialStatus.COMPLETED for t in trials)
+    after = _finished(store, study.id)
+    for number, record in before.items():
+        assert after[number] == record, f"trial {number} changed after the resume"
+    # Not rerun: the resumed experiment's results for them are the ones from before the kill.
+    outcomes = {o.number: o for o in result.outcomes}
+    for number, record in before.items():
+        assert outcomes[number].wall_time_s == record[4]
+    assert store.get_study(study.id).summary is not None
+    ot = optuna.load_study(study_name=optuna_study_name(study.id), storage=sqlite_url)
+    assert sorted(t.user_attrs["stagetune_number"] for t in ot.trials) == [3, 4, 5, 6]
+    assert all(t.state is optuna.trial.TrialState.COMPLETE for t in ot.trials)
+
+
+def test_a_cancel_request_stops_the_study(
+    ray_session: None, sqlite_url: str, tmp_path: Path
+) -> None:
+    spec = StudySpec.from_yaml(SPEC.replace("trials: 6", "trials: 20"))
+    store = StudyStore(sqlite_url, create=True)
+    study = store.create_study(spec.task, spec.to_dict(), spec.budget.trials)
+    assert store.claim_study("worker-c", stale_after_s=60) is not None
+
+    def cancel_after_two() -> None:
+        deadline = time.monotonic() + 240
+        while len(_finished(store, study.id)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        store.request_cancel(study.id)
+
+    canceller = threading.Thread(target=cancel_after_two, daemon=True)
+    canceller.start()
+    result = run_study(
+        store, study.id, worker_id="worker-c", storage_path=tmp_path / "ray", poll_s=0.2
+    )
+    canceller.join()
+    gc.collect()  # Ray's leaked file handles warn now, under this module's filters
+
+    assert result.status is StudyStatus.CANCELLED
+    record = store.get_study(study.id)
+    assert record.status is StudyStatus.CANCELLED
+    assert record.summary is not None
+    assert record.summary["cancelled"] is True
+    trials = store.list_trials(study.id).items
+    assert 2 <= len(trials) < 20
+    assert all(t.status is not TrialStatus.RUNNING for t in trials)

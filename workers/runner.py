@@ -1,0 +1,424 @@
+"""Run a stored study end to end: the composition of the engine, the trainable and the store.
+
+* :func:`run_study` runs (or resumes) a study that a worker has claimed: it resolves the
+  spec's defaults from the task, builds :class:`tuner.engine.TuningEngine` with
+  :class:`workers.trainable.ScheduleTrainable`, persists every trial live
+  (:class:`tuner.progress.StoreProgress`), stops on a cancel request, and finishes the study
+  with its summary (the best schedule against each baseline).
+* :func:`tune_spec` is the CLI's ``stagetune tune SPEC.yaml``: it creates the study in the
+  given database (the embedded SQLite by default), runs it with a progress display, prints
+  the result next to the baselines and writes the best schedule's YAML.
+
+Resume: the Ray Tune experiment of study ``N`` lives in ``<ray storage>/study-N`` and its
+Optuna study in the study database (``stagetune-study-N``). Calling :func:`run_study` again
+for a study whose run was interrupted (process killed, worker lost and the study re-claimed)
+restores both and continues: finished trials are kept, unfinished ones run again, and the
+trial count ends at the budget. Do not call ``StudyStore.fail_running_trials`` before
+resuming: the trials it would fail are the ones the resumed run continues.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from tuner.engine import EngineResult, TuningEngine
+from tuner.errors import InvalidStateError, StagetuneError, ValidationError
+from tuner.export import export_yaml
+from tuner.objectives import StudyObjective, TrialOutcome
+from tuner.progress import StoreProgress, StudyWatch
+from tuner.schedule import Schedule
+from tuner.spec import ResolvedSpec, StudySpec, TaskDefaults
+from tuner.store.records import StudyStatus
+from tuner.store.storage import StudyStore
+
+__all__ = [
+    "StudyResult",
+    "TrialPrinter",
+    "experiment_name",
+    "optuna_study_name",
+    "print_result",
+    "resolve_spec",
+    "run_study",
+    "tune_spec",
+]
+
+log = logging.getLogger(__name__)
+
+
+def experiment_name(study_id: int) -> str:
+    """The Ray Tune experiment directory of a study (under the Ray storage path)."""
+    return f"study-{study_id}"
+
+
+def optuna_study_name(study_id: int) -> str:
+    """The name of a study's Optuna study in the study database."""
+    return f"stagetune-study-{study_id}"
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    """What a finished (or stopped) study run produced."""
+
+    study_id: int
+    status: StudyStatus
+    summary: dict[str, Any]
+    outcomes: tuple[TrialOutcome, ...]
+    best_number: int | None
+    best_is_baseline: bool
+    best_schedule: Schedule | None
+    schedule_path: Path | None = None
+
+    @property
+    def best(self) -> TrialOutcome | None:
+        return next((o for o in self.outcomes if o.number == self.best_number), None)
+
+
+# --------------------------------------------------------------------------------------------
+# Resolving a spec against its task
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_spec(spec: StudySpec) -> tuple[ResolvedSpec, int]:
+    """The spec with the task's defaults filled in, and the task's training-set size.
+
+    Loads the task's data once in this process (cached) to learn its size: constraints on
+    steps and mean batch size, and batch sizes larger than the dataset, are checked with it.
+    """
+    from workers.tasks import get_task
+
+    task = get_task(spec.task)
+    task.validate_options(spec.task_options)
+    opt = task.default_optimizer
+    defaults = TaskDefaults(
+        epochs=task.default_epochs,
+        base_batch_size=task.default_base_batch_size,
+        base_lr=task.default_base_lr,
+        optimizer=opt.name,
+        momentum=opt.momentum,
+        weight_decay=opt.weight_decay,
+    )
+    resolved = spec.resolve(defaults)
+    data = task.load_data(spec.task_options, seed=spec.seed)
+    return resolved, int(data.num_train)
+
+
+def _default_storage_path() -> Path:
+    from tuner.settings import get_settings
+
+    return get_settings().resolved_ray_storage_path
+
+
+def _database_url(store: StudyStore) -> str:
+    return store.url.render_as_string(hide_password=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Running a study
+# --------------------------------------------------------------------------------------------
+
+
+def run_study(
+    store: StudyStore,
+    study_id: int,
+    *,
+    worker_id: str | None = None,
+    trainable: type | None = None,
+    storage_path: str | os.PathLike[str] | None = None,
+    callbacks: Sequence[tune.Callback] = (),
+    max_concurrent: int | None = None,
+    trial_config: dict[str, Any] | None = None,
+    poll_s: float = 2.0,
+) -> StudyResult:
+    """Run (or resume) the running study ``study_id`` to its end and finish it.
+
+    The study must be ``running`` (claimed by ``worker_id`` through
+    ``StudyStore.claim_study``; ``worker_id`` makes every poll a heartbeat). It ends
+    ``completed`` with its summary, ``cancelled`` if a cancel was requested (with the summary
+    of what ran), or ``failed`` with the error (which is re-raised). On ``KeyboardInterrupt``
+    the study is released back to ``queued`` (a later run resumes it) when ``worker_id`` owns
+    it. If the study was taken over by another worker meanwhile, it is left to that worker.
+    """
+    study = store.get_study(study_id)
+    if study.status is not StudyStatus.RUNNING:
+        raise InvalidStateError(
+            f"study {study_id} is {study.status}; claim it first (StudyStore.claim_study)"
+        )
+    url = _database_url(store)
+    watch = StudyWatch(url, study_id, worker_id=worker_id, poll_s=poll_s)
+    try:
+        spec = StudySpec.from_dict(study.spec)
+        resolved, train_size = resolve_spec(spec)
+        objective = StudyObjective.of(spec, resolved.total_epochs)
+        if trainable is None:
+            from workers.trainable import ScheduleTrainable
+
+            trainable = ScheduleTrainable
+        engine = TuningEngine(
+            resolved,
+            trainable,
+            storage_path=storage_path or _default_storage_path(),
+            experiment_name=experiment_name(study_id),
+            optuna_storage=url,
+            optuna_study_name=optuna_study_name(study_id),
+            train_size=train_size,
+            callbacks=[StoreProgress(url, study_id, objective, train_size=train_size), *callbacks],
+            should_stop=watch,
+            max_concurrent=max_concurrent,
+            trial_config=trial_config,
+        )
+        result = engine.run()
+    except KeyboardInterrupt:
+        if worker_id is not None:
+            try:
+                store.release_study(study_id, worker_id)
+            except StagetuneError as exc:
+                log.warning("could not release study %s: %s", study_id, exc)
+        raise
+    except Exception as exc:
+        _fail(store, study_id, worker_id, exc)
+        raise
+    return _finish(store, study_id, worker_id, result, watch)
+
+
+def _fail(store: StudyStore, study_id: int, worker_id: str | None, exc: BaseException) -> None:
+    message = str(exc) if isinstance(exc, StagetuneError) else f"{type(exc).__name__}: {exc}"
+    try:
+        store.finish_study(study_id, StudyStatus.FAILED, error=message, worker_id=worker_id)
+    except StagetuneError as inner:
+        log.warning("could not mark study %s failed: %s", study_id, inner)
+
+
+def _finish(
+    store: StudyStore,
+    study_id: int,
+    worker_id: str | None,
+    result: EngineResult,
+    watch: StudyWatch,
+) -> StudyResult:
+    study = store.get_study(study_id)
+    summary = {"study_id": study_id, "name": study.name, "task": study.task, **result.summary}
+    best = result.summary.get("best")
+    best_number = best["number"] if best else None
+    status = StudyStatus.COMPLETED
+    if study.cancel_requested:
+        status = StudyStatus.CANCELLED
+    elif len(result.outcomes) < study.budget and watch.reason is None:
+        status = StudyStatus.FAILED
+    if best_number is not None:
+        trial = store.get_trial(study_id, best_number)
+        values = (trial.objective_values or {}).values()
+        value = next((v for v in values if v is not None), None)
+        if value is not None:
+            store.set_best(study_id, trial.id, value)
+    if study.status is StudyStatus.RUNNING and (worker_id is None or study.worker_id == worker_id):
+        error = None
+        if status is StudyStatus.FAILED:
+            error = (
+                f"the experiment ended after {len(result.outcomes)} of {study.budget} trials; "
+                "run the study again to resume it"
+            )
+        store.finish_study(study_id, status, error=error, summary=summary, worker_id=worker_id)
+    else:
+        log.warning(
+            "study %s is %s (worker %s); not finishing it", study_id, study.status, study.worker_id
+        )
+        status = store.get_study(study_id).status
+    return StudyResult(
+        study_id=study_id,
+        status=status,
+        summary=summary,
+        outcomes=result.outcomes,
+        best_number=best_number,
+        best_is_baseline=bool(result.summary.get("best_is_baseline")),
+        best_schedule=result.best_schedule,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The CLI's local run
+# --------------------------------------------------------------------------------------------
+
+
+def _claim(store: StudyStore, study_id: int, worker_id: str) -> None:
+    """Claim exactly ``study_id`` (``claim_study`` hands out the oldest queued study, so
+    others it returns first are given back at once)."""
+    others: list[int] = []
+    try:
+        for _ in range(1000):
+            claimed = store.claim_study(worker_id, stale_after_s=3600.0)
+            if claimed is None:
+                break
+            if claimed.id == study_id:
+                return
+            others.append(claimed.id)
+    finally:
+        for other in others:
+            store.release_study(other, worker_id)
+    raise InvalidStateError(f"study {study_id} could not be claimed (it is not queued)")
+
+
+def tune_spec(
+    spec: StudySpec,
+    database_url: str,
+    out_path: str | os.PathLike[str],
+    *,
+    storage_path: str | os.PathLike[str] | None = None,
+    trainable: type | None = None,
+    console: Any = None,
+    quiet: bool = False,
+) -> StudyResult:
+    """Create the study in ``database_url``, run it here with a progress display, print the
+    result against the baselines and write the best schedule's YAML to ``out_path``.
+
+    ``console`` is a ``rich.console.Console`` (default: stdout); ``quiet`` prints nothing.
+    """
+    from rich.console import Console
+
+    out = Console(quiet=quiet) if console is None else console
+    store = StudyStore(database_url, create=True)
+    try:
+        study = store.create_study(spec.task, spec.to_dict(), spec.budget.trials, name=spec.name)
+        worker_id = f"cli-{socket.gethostname()}-{os.getpid()}"
+        _claim(store, study.id, worker_id)
+        out.print(
+            f"[bold]stagetune[/bold]: study {study.id} on task [cyan]{spec.task}[/cyan], "
+            f"{spec.budget.trials} trials ({'3 baselines first, ' if spec.baselines else ''}"
+            f"objective {spec.objective.kind})"
+        )
+        _quiet_ray_output()
+        printer = TrialPrinter(budget=spec.budget.trials, quiet=quiet)
+        result = run_study(
+            store,
+            study.id,
+            worker_id=worker_id,
+            trainable=trainable,
+            storage_path=storage_path,
+            callbacks=[printer],
+        )
+        path: Path | None = None
+        if result.best_number is not None:
+            record = store.get_study(study.id)
+            trial = store.get_trial(study.id, result.best_number)
+            path = Path(out_path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(export_yaml(record, trial), encoding="utf-8")
+        result = StudyResult(
+            study_id=result.study_id,
+            status=result.status,
+            summary=result.summary,
+            outcomes=result.outcomes,
+            best_number=result.best_number,
+            best_is_baseline=result.best_is_baseline,
+            best_schedule=result.best_schedule,
+            schedule_path=path,
+        )
+        print_result(result, out)
+        return result
+    finally:
+        store.close()
+
+
+def _quiet_ray_output() -> None:
+    # Ray Tune's own console reporter would interleave with ours.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+
+
+class TrialPrinter(tune.Callback):
+    """Prints one line per finished trial (the CLI's live progress)."""
+
+    def __init__(self, budget: int, quiet: bool = False) -> None:
+        self.budget = budget
+        self.quiet = quiet
+        self._done = 0
+        self._console: Any = None
+
+    @property
+    def console(self) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(quiet=self.quiet)
+        return self._console
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        from tuner.engine_search import TrialMeta
+
+        meta = TrialMeta.from_config(trial.config)
+        if meta is None:
+            return
+        try:
+            summary = Schedule.from_dict(trial.config["schedule"]).summary()
+        except ValidationError:
+            summary = "?"
+        kind = meta.baseline or "tuned"
+        self.console.print(f"  [dim]start[/dim] trial {meta.number:>3} [{kind}] {summary}")
+
+    def _line(self, trial: Any, error: bool) -> None:
+        from tuner.engine_search import TrialMeta
+
+        meta = TrialMeta.from_config(trial.config)
+        if meta is None:
+            return
+        self._done += 1
+        r = trial.last_result or {}
+        acc = r.get("val_accuracy")
+        acc_text = f"{acc:.4f}" if isinstance(acc, int | float) else "-"
+        status = "failed" if error else ("diverged" if r.get("diverged") else "done")
+        self.console.print(
+            f"[{self._done:>3}/{self.budget}] trial {meta.number:>3} "
+            f"[{meta.baseline or 'tuned'}] {status}: val_accuracy {acc_text} after "
+            f"{r.get('training_iteration', 0)} epoch(s), {r.get('steps', '-')} steps, "
+            f"{float(r.get('wall_time_s') or 0.0):.1f} s"
+        )
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._line(trial, error=False)
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._line(trial, error=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_console"] = None
+        return state
+
+
+def print_result(result: StudyResult, console: Any) -> None:
+    """The result table: the best schedule next to the baselines."""
+    from rich.table import Table
+
+    summary = result.summary
+    table = Table(title=f"study {result.study_id}: {result.status}", show_lines=False)
+    for column in ("trial", "kind", "schedule", "val_acc", "steps", "wall s", "mean batch"):
+        table.add_column(column)
+
+    def fmt(value: Any, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    rows = []
+    best = summary.get("best")
+    if best:
+        rows.append((best, "best" + (" (baseline)" if summary.get("best_is_baseline") else "")))
+    rows.extend((b, b["baseline"]) for b in summary.get("baselines", []))
+    for row, kind in rows:
+        table.add_row(
+            str(row["number"]),
+            kind,
+            row.get("schedule_summary") or "",
+            fmt(row.get("val_accuracy"), ".4f"),
+            fmt(row.get("steps"), "d"),
+            fmt(row.get("wall_time_s"), ".1f"),
+            fmt(row.get("mean_batch_size"), ".0f"),
+        )
+    console.print(table)
+    console.print(summary.get("note", ""))
+    if result.schedule_path is not None:
+        console.print(f"best schedule written to [bold]{result.schedule_path}[/bold]")
