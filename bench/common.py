@@ -1,0 +1,365 @@
+"""Helpers shared by ``bench/schedule_quality.py`` and ``bench/tuning_efficiency.py``.
+
+* :func:`retrain_many` trains schedules with fresh seeds on gangs of data-parallel workers
+  (:class:`workers.gang.Gang` running :class:`workers.loop.TrialWorker`: the code every trial
+  and ``stagetune replay`` run) and evaluates each final model on the task's TEST split, which
+  no tuning ever sees. Rank 0's :meth:`TrialWorker.state` gives the trained weights; the
+  driver loads them into a fresh model of the task and calls :func:`workers.tasks.evaluate`.
+* :func:`run_tuning_study` runs one study end to end through the service's code path
+  (``StudyStore`` + :func:`workers.runner.run_study`, i.e. the engine with Ray Tune, Optuna
+  and ASHA) in a scratch SQLite database, recording the order in which trials finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import queue
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from tuner.schedule import Schedule
+from tuner.spec import StudySpec
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+__all__ = [
+    "RESULTS_DIR",
+    "Job",
+    "RunResult",
+    "StudyRun",
+    "ensure_ray",
+    "machine_info",
+    "markdown_table",
+    "mean_std",
+    "retrain_many",
+    "run_tuning_study",
+    "write_json",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Ray and the machine
+# --------------------------------------------------------------------------------------------
+
+
+def ensure_ray(num_cpus: int | None = None) -> bool:
+    """Use the running Ray instance or start a local one; True if this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    ray.init(
+        num_cpus=num_cpus or os.cpu_count() or 1,
+        include_dashboard=False,
+        configure_logging=False,
+        log_to_driver=False,
+    )
+    return True
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on, including the load at the time."""
+    import torch
+
+    load: list[float] | None = None
+    with contextlib.suppress(OSError):
+        load = [round(v, 2) for v in os.getloadavg()]
+    return {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "load_avg_1_5_15": load,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Retraining schedules and testing them
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run: ``schedule`` on ``task`` with ``seed`` (labelled for the tables)."""
+
+    label: str
+    schedule: Schedule
+    task: str
+    seed: int
+    task_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    label: str
+    seed: int
+    test_accuracy: float
+    val_accuracy: float
+    epochs: int
+    steps: int
+    samples: int
+    mean_batch_size: float
+    train_time_s: float
+    """Sum of the epochs' training time (the worker's clock; validation excluded)."""
+    samples_per_s: float
+    wall_time_s: float
+    """Driver's wall time of the run after ``configure``: every epoch with its validation, and
+    the test pass."""
+    diverged: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _trial_config(job: Job) -> dict[str, Any]:
+    return {
+        "schedule": job.schedule.to_dict(),
+        "task": job.task,
+        "task_options": dict(job.task_options),
+        "seed": job.seed,
+        "workers": 1,
+        "cpus_per_worker": 1.0,
+        "gpus_per_worker": 0.0,
+        "micro_batch": None,
+        "performance_aware": False,
+    }
+
+
+def _train_and_test(gang: Any, job: Job) -> RunResult:
+    import torch
+
+    from workers.tasks import evaluate, get_task
+
+    gang.call("configure", _trial_config(job))  # the first one per gang loads the data
+    started = time.perf_counter()
+    last: dict[str, Any] = {}
+    for epoch in range(job.schedule.total_epochs):
+        last = dict(gang.call("train_epoch", epoch)[0])
+        if last.get("diverged"):
+            break
+    state = gang.call("state")[0]
+    task = get_task(job.task)
+    options = task.validate_options(dict(job.task_options))
+    data = task.load_data(options, job.seed)
+    torch.manual_seed(job.seed)
+    model = task.build_model(options)
+    model.load_state_dict(state["model"])
+    diverged = bool(last.get("diverged"))
+    test_acc = 0.0 if diverged else float(evaluate(model, data.test_x, data.test_y)[1])
+    steps = int(last.get("steps") or 0)
+    samples = int(last.get("samples") or 0)
+    train_time = float(last.get("wall_time_s") or 0.0)
+    return RunResult(
+        label=job.label,
+        seed=job.seed,
+        test_accuracy=test_acc,
+        val_accuracy=float(last.get("val_accuracy") or 0.0),
+        epochs=int(last.get("epoch", -1)) + 1,
+        steps=steps,
+        samples=samples,
+        mean_batch_size=samples / steps if steps else 0.0,
+        train_time_s=train_time,
+        samples_per_s=samples / train_time if train_time > 0 else 0.0,
+        wall_time_s=time.perf_counter() - started,
+        diverged=diverged,
+    )
+
+
+def retrain_many(
+    jobs: Sequence[Job],
+    parallel: int = 1,
+    on_done: Callable[[RunResult], None] | None = None,
+) -> list[RunResult]:
+    """Train every job (``parallel`` one-worker gangs at once, each reused across its jobs:
+    ``configure`` re-initialises model, optimizer and RNGs) and test it; results in job
+    order. Ray must be running (:func:`ensure_ray`)."""
+    import torch
+
+    from workers.gang import Gang
+    from workers.loop import TrialWorker
+
+    torch.set_num_threads(1)
+    todo: queue.Queue[tuple[int, Job]] = queue.Queue()
+    for item in enumerate(jobs):
+        todo.put(item)
+    results: dict[int, RunResult] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        try:
+            gang = Gang(1, TrialWorker)
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+            return
+        try:
+            while not errors:
+                try:
+                    index, job = todo.get_nowait()
+                except queue.Empty:
+                    return
+                result = _train_and_test(gang, job)
+                with lock:
+                    results[index] = result
+                    if on_done is not None:
+                        on_done(result)
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+        finally:
+            gang.shutdown()
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, parallel))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [results[i] for i in range(len(jobs))]
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    if not values:
+        return math.nan, math.nan
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return mean, std
+
+
+# --------------------------------------------------------------------------------------------
+# Running a study through the service's code
+# --------------------------------------------------------------------------------------------
+
+
+class CompletionRecorder(tune.Callback):
+    """Records ``(trial number, seconds since start)`` in the order trials finish."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.order: list[tuple[int, float]] = []
+
+    def _record(self, trial: Any) -> None:
+        from tuner.engine_search import TrialMeta
+
+        meta = TrialMeta.from_config(trial.config)
+        if meta is not None:
+            self.order.append((meta.number, time.perf_counter() - self.started))
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._record(trial)
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._record(trial)
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """A finished study: its trials (in completion order) and the best schedule's YAML."""
+
+    study_id: int
+    status: str
+    trials: tuple[dict[str, Any], ...]
+    """Per trial: number, baseline, status, epochs_done, val_accuracy, steps, samples,
+    feasible, summary, finished_s (seconds from the start when it finished)."""
+    best_number: int | None
+    best_yaml: str | None
+    summary: dict[str, Any]
+    wall_time_s: float
+
+
+def run_tuning_study(spec: StudySpec, workdir: Path) -> StudyRun:
+    """Run ``spec`` as a study of the service (engine, Optuna, ASHA, store) in a scratch SQLite
+    database under ``workdir``; Ray must be running."""
+    from tuner.export import export_yaml
+    from tuner.store.storage import StudyStore
+    from workers.runner import run_study
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{workdir / 'bench.db'}"
+    store = StudyStore(url, create=True)
+    recorder = CompletionRecorder()
+    started = time.perf_counter()
+    try:
+        study = store.create_study(spec.task, spec.to_dict(), spec.budget.trials, name=spec.name)
+        worker_id = f"bench-{os.getpid()}"
+        claimed = store.claim_study(worker_id, stale_after_s=3600.0)
+        if claimed is None or claimed.id != study.id:
+            raise RuntimeError("the scratch database holds another study")
+        result = run_study(
+            store,
+            study.id,
+            worker_id=worker_id,
+            storage_path=workdir / "ray",
+            callbacks=[recorder],
+        )
+        wall = time.perf_counter() - started
+        best_yaml: str | None = None
+        if result.best_number is not None:
+            record = store.get_study(study.id)
+            best_yaml = export_yaml(record, store.get_trial(study.id, result.best_number))
+    finally:
+        store.close()
+    finished = dict(recorder.order)
+    trials = [
+        {
+            "number": o.number,
+            "baseline": o.baseline,
+            "status": o.status,
+            "stop_reason": o.stop_reason,
+            "epochs_done": o.epochs_done,
+            "val_accuracy": o.val_accuracy,
+            "steps": o.steps,
+            "samples": o.samples,
+            "feasible": o.feasible,
+            "summary": o.summary,
+            "finished_s": finished.get(o.number),
+        }
+        for o in result.outcomes
+    ]
+    # Completion order; trials the recorder missed (never trained: infeasible) go by number.
+    trials.sort(key=lambda t: (t["finished_s"] is None, t["finished_s"] or 0.0, t["number"]))
+    return StudyRun(
+        study_id=study.id,
+        status=str(result.status),
+        trials=tuple(trials),
+        best_number=result.best_number,
+        best_yaml=best_yaml,
+        summary=result.summary,
+        wall_time_s=wall,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", "utf-8")
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---" for _ in headers) + "|",
+    ]
+    lines.extend("| " + " | ".join(row) + " |" for row in rows)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,389 @@
+"""Tuning efficiency: best schedule found against compute spent, stagetune's search vs random.
+
+Runs the same study (task, epochs, search space, objective) several times through the
+service's code path (``workers.runner.run_study``: engine, Ray Tune, Optuna, store), once per
+method and seed:
+
+* ``tpe_asha``: stagetune's default search, Optuna TPE with ASHA early stopping
+  (``budget.sampler: tpe``, ``budget.early_stopping: true``);
+* ``random``: Optuna's RandomSampler without early stopping (``budget.sampler: random``,
+  ``budget.early_stopping: false``): every drawn schedule trains all its epochs.
+
+No engine hook is needed: both switches are fields of the study spec. The studies run no
+baselines (this measures the search). Compute is counted in **trial-epochs** (epochs trained
+by all trials; a schedule rejected by the objective's constraint before training costs 0), in
+the order trials finish. A trial's accuracy counts as a "schedule found" only when it trained
+every epoch (a trial stopped by ASHA has no final accuracy). The fixed compute budget is the
+random search's: ``random trials x epochs`` trial-epochs; the TPE + ASHA curve is cut there.
+
+The *best schedule known* is the most accurate full run (validation accuracy, the tuning
+metric) over all studies of this run; for each study the script reports the trial-epochs spent
+until its best-so-far came within ``--tolerance`` (0.5 point) of it. Target: TPE + ASHA needs
+at most half of random search's compute.
+
+Writes ``tuning_efficiency[_smoke].{json,md,png}`` to ``--results-dir`` (default
+``bench/results``) and ends with one line::
+
+    efficiency tpe_asha_epochs=.. random_epochs=.. ratio=..
+
+(means over the seeds of the trial-epochs to come within the tolerance; a study that never
+does counts the whole budget, and the JSON flags it; ratio = tpe_asha / random).
+
+    .venv/bin/python bench/tuning_efficiency.py            # mnist1d, 3 seeds per method
+    .venv/bin/python bench/tuning_efficiency.py --smoke --results-dir /tmp/e
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# Run as a script (``bench/`` is not a package): the repository root for ``tuner`` /
+# ``workers``, and ``bench/`` itself for the shared helpers in ``common.py``.
+_HERE = Path(__file__).resolve().parent
+for _path in (str(_HERE.parent), str(_HERE)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from common import (  # noqa: E402
+    RESULTS_DIR,
+    StudyRun,
+    ensure_ray,
+    machine_info,
+    markdown_table,
+    mean_std,
+    run_tuning_study,
+    write_json,
+)
+
+from tuner.spec import StudySpec  # noqa: E402
+
+METHODS = ("tpe_asha", "random")
+COLORS = {"tpe_asha": "tab:red", "random": "tab:blue"}
+
+
+def study_spec(
+    method: str,
+    task: str,
+    epochs: int,
+    batch_max: int,
+    max_steps: int | None,
+    trials: int,
+    seed: int,
+    grace: int,
+    concurrent: int,
+) -> StudySpec:
+    tpe = method == "tpe_asha"
+    objective: dict[str, Any] = {"kind": "accuracy"}
+    if max_steps is not None:
+        objective["max_steps"] = max_steps
+    return StudySpec.from_dict(
+        {
+            "task": task,
+            "name": f"bench-efficiency-{method}-{seed}",
+            "seed": seed,
+            "schedule": {"total_epochs": epochs, "scaling_rule": "linear"},
+            "space": {
+                "stages": {"min": 1, "max": 4},
+                "min_stage_fraction": 0.1,
+                "batch_size": {"max": batch_max},
+                "lr_multiplier": {"min": 0.25, "max": 4.0},
+                "warmup_epochs": {"min": 0.0, "max": 1.0},
+                "decay": ["constant", "cosine"],
+            },
+            "objective": objective,
+            "budget": {
+                "trials": trials,
+                "max_concurrent": concurrent,
+                "grace_period_epochs": grace,
+                "reduction_factor": 3,
+                "early_stopping": tpe,
+                "sampler": "tpe" if tpe else "random",
+                "startup_trials": min(5, max(1, trials // 4)),
+            },
+            "resources": {"workers": 1, "cpus_per_worker": 1},
+            "baselines": False,
+        }
+    )
+
+
+def curve(run: StudyRun, epochs: int) -> list[dict[str, Any]]:
+    """Best-so-far full-run accuracy after each trial, against cumulative trial-epochs."""
+    spent = 0
+    best: float | None = None
+    points = []
+    for t in run.trials:
+        spent += int(t["epochs_done"] or 0)
+        acc = t["val_accuracy"]
+        full = (
+            t["status"] == "completed"
+            and t["feasible"]
+            and int(t["epochs_done"] or 0) >= epochs
+            and isinstance(acc, int | float)
+            and math.isfinite(acc)
+        )
+        if full and (best is None or acc > best):
+            best = float(acc)
+        points.append({"number": t["number"], "trial_epochs": spent, "best": best})
+    return points
+
+
+def epochs_to_reach(points: list[dict[str, Any]], threshold: float, budget: int) -> int | None:
+    for p in points:
+        if p["trial_epochs"] > budget:
+            return None
+        if p["best"] is not None and p["best"] >= threshold:
+            return int(p["trial_epochs"])
+    return None
+
+
+def _plot(
+    studies: list[dict[str, Any]], threshold: float, best: float, budget: int, path: Path
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    labelled: set[str] = set()
+    for s in studies:
+        xs = [0]
+        ys = [math.nan]
+        for p in s["curve"]:
+            if p["trial_epochs"] > budget:
+                break
+            xs.append(p["trial_epochs"])
+            ys.append(100 * p["best"] if p["best"] is not None else math.nan)
+        method = s["method"]
+        ax.step(
+            xs,
+            ys,
+            where="post",
+            color=COLORS[method],
+            alpha=0.8,
+            label=None if method in labelled else method.replace("_", " + "),
+        )
+        labelled.add(method)
+    ax.axhline(100 * best, color="gray", linewidth=0.8, label=f"best known {100 * best:.2f}%")
+    ax.axhline(
+        100 * threshold,
+        color="gray",
+        linestyle="--",
+        linewidth=0.8,
+        label=f"within tolerance ({100 * threshold:.2f}%)",
+    )
+    ax.set_xlim(0, budget)
+    ax.set_xlabel("compute spent (trial-epochs)")
+    ax.set_ylabel("best full-run val accuracy so far, %")
+    ax.set_title("Best schedule found vs compute (one line per seed)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _fmt_epochs(value: int | None, budget: int) -> str:
+    return f"not within budget (>{budget})" if value is None else str(value)
+
+
+def _markdown(data: dict[str, Any]) -> str:
+    cfg = data["config"]
+    budget = cfg["budget_trial_epochs"]
+    rows = [
+        [
+            s["method"],
+            str(s["seed"]),
+            str(s["trials_trained"]),
+            str(s["trial_epochs_total"]),
+            f"{100 * s['best_within_budget']:.2f}" if s["best_within_budget"] else "-",
+            _fmt_epochs(s["epochs_to_reach"], budget),
+            f"{s['wall_time_s']:.0f}",
+        ]
+        for s in data["studies"]
+    ]
+    for method, agg in data["methods"].items():
+        rows.append(
+            [
+                f"**{method} (mean)**",
+                "",
+                "",
+                f"{agg['trial_epochs_total_mean']:.0f}",
+                f"{100 * agg['best_mean']:.2f}",
+                f"{agg['epochs_to_reach_mean']:.0f}"
+                + (" (lower bound)" if agg["not_reached"] else ""),
+                "",
+            ]
+        )
+    out = [
+        f"# Tuning efficiency: {cfg['task']}, {cfg['epochs']}-epoch trials\n\n",
+        f"Budget per study: random {cfg['random_trials']} trials, TPE + ASHA "
+        f"{cfg['tpe_trials']} trials (grace {cfg['grace']} epochs, reduction 3), curves cut at "
+        f"{budget} trial-epochs; {cfg['concurrent']} trials at once, 1 worker each. "
+        f"Objective: val accuracy with max_steps {cfg['max_steps']}. Best schedule known: "
+        f"{100 * data['best_known']:.2f}% val; tolerance {100 * cfg['tolerance']:.1f} point "
+        f"-> threshold {100 * data['threshold']:.2f}%.\n\n",
+        markdown_table(
+            [
+                "method",
+                "seed",
+                "trials trained",
+                "trial-epochs spent",
+                "best val %",
+                "trial-epochs to threshold",
+                "wall s",
+            ],
+            rows,
+        ),
+        f"\nRatio (TPE + ASHA / random): {data['ratio']:.2f}; target <= 0.5: "
+        f"{'met' if data['target_met'] else 'NOT met'}.\n",
+        f"\nMachine: {data['machine']}\n",
+    ]
+    return "".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="mnist1d")
+    parser.add_argument("--epochs", type=int, default=12, help="epochs of every trial")
+    parser.add_argument("--seeds", type=int, default=3, help="studies per method")
+    parser.add_argument("--random-trials", type=int, default=12)
+    parser.add_argument("--tpe-trials", type=int, default=24)
+    parser.add_argument("--grace", type=int, default=2, help="ASHA grace period (epochs)")
+    parser.add_argument("--batch-max", type=int, default=512)
+    parser.add_argument("--steps-fraction", type=float, default=0.2, help="max_steps / small's")
+    parser.add_argument("--concurrent", type=int, default=2)
+    parser.add_argument("--tolerance", type=float, default=0.005)
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--smoke", action="store_true", help="digits, 2 epochs, 1 seed, 3 trials")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        if args.task == "mnist1d":
+            args.task = "digits"
+        args.epochs, args.seeds = 2, 1
+        args.random_trials = args.tpe_trials = 3
+        args.grace, args.batch_max, args.steps_fraction = 1, 128, 0.0
+    stem = "tuning_efficiency_smoke" if args.smoke else "tuning_efficiency"
+    started = time.perf_counter()
+
+    from tuner.schedule import Schedule
+    from workers.runner import resolve_spec
+    from workers.tasks import get_task
+
+    task = get_task(args.task)
+    probe = study_spec("random", args.task, args.epochs, args.batch_max, None, 2, 0, 1, 1)
+    resolved, train_size = resolve_spec(probe)
+    small = Schedule.constant(
+        resolved.base_batch_size, args.epochs, resolved.base_lr, resolved.base_batch_size
+    )
+    small_steps = small.total_steps(train_size)
+    max_steps = int(small_steps * args.steps_fraction) if args.steps_fraction > 0 else None
+    budget = args.random_trials * args.epochs
+    print(
+        f"task {task.name}: {args.epochs} epochs per trial, max_steps {max_steps} (small batch: "
+        f"{small_steps}); random {args.random_trials} trials, TPE + ASHA {args.tpe_trials} "
+        f"trials; compute budget {budget} trial-epochs; {args.seeds} seed(s)",
+        flush=True,
+    )
+    ensure_ray()
+    studies: list[dict[str, Any]] = []
+    for seed in range(args.seeds):
+        for method in METHODS:
+            trials = args.tpe_trials if method == "tpe_asha" else args.random_trials
+            spec = study_spec(
+                method,
+                args.task,
+                args.epochs,
+                args.batch_max,
+                max_steps,
+                trials,
+                seed,
+                args.grace,
+                args.concurrent,
+            )
+            with tempfile.TemporaryDirectory(prefix="stagetune-bench-") as tmp:
+                run = run_tuning_study(spec, Path(tmp))
+            points = curve(run, args.epochs)
+            within = [p for p in points if p["trial_epochs"] <= budget]
+            best_in = within[-1]["best"] if within else None
+            studies.append(
+                {
+                    "method": method,
+                    "seed": seed,
+                    "trials": list(run.trials),
+                    "trials_trained": sum(1 for t in run.trials if t["epochs_done"]),
+                    "trial_epochs_total": points[-1]["trial_epochs"] if points else 0,
+                    "best_within_budget": best_in,
+                    "curve": points,
+                    "wall_time_s": run.wall_time_s,
+                }
+            )
+            print(
+                f"  {method:<8} seed {seed}: {len(run.trials)} trials, "
+                f"{studies[-1]['trial_epochs_total']} trial-epochs, best "
+                f"{100 * (best_in or 0):.2f}% within budget, {run.wall_time_s:.0f} s",
+                flush=True,
+            )
+    bests = [s["best_within_budget"] for s in studies if s["best_within_budget"] is not None]
+    best_known = max(bests) if bests else 0.0
+    threshold = best_known - args.tolerance
+    methods: dict[str, dict[str, Any]] = {}
+    for s in studies:
+        s["epochs_to_reach"] = epochs_to_reach(s["curve"], threshold, budget)
+    for method in METHODS:
+        mine = [s for s in studies if s["method"] == method]
+        reach = [budget if s["epochs_to_reach"] is None else s["epochs_to_reach"] for s in mine]
+        methods[method] = {
+            "epochs_to_reach": [s["epochs_to_reach"] for s in mine],
+            "epochs_to_reach_mean": mean_std(reach)[0],
+            "not_reached": sum(s["epochs_to_reach"] is None for s in mine),
+            "trial_epochs_total_mean": mean_std([s["trial_epochs_total"] for s in mine])[0],
+            "best_mean": mean_std([s["best_within_budget"] or 0.0 for s in mine])[0],
+        }
+    tpe_e = methods["tpe_asha"]["epochs_to_reach_mean"]
+    rnd_e = methods["random"]["epochs_to_reach_mean"]
+    ratio = tpe_e / rnd_e if rnd_e else math.inf
+    data: dict[str, Any] = {
+        "config": {
+            "task": args.task,
+            "epochs": args.epochs,
+            "seeds": list(range(args.seeds)),
+            "random_trials": args.random_trials,
+            "tpe_trials": args.tpe_trials,
+            "grace": args.grace,
+            "concurrent": args.concurrent,
+            "max_steps": max_steps,
+            "small_batch_steps": small_steps,
+            "budget_trial_epochs": budget,
+            "tolerance": args.tolerance,
+            "smoke": args.smoke,
+        },
+        "best_known": best_known,
+        "threshold": threshold,
+        "methods": methods,
+        "ratio": ratio,
+        "target_met": ratio <= 0.5,
+        "studies": studies,
+        "machine": machine_info(),
+        "total_wall_time_s": time.perf_counter() - started,
+    }
+    line = f"efficiency tpe_asha_epochs={tpe_e:.1f} random_epochs={rnd_e:.1f} ratio={ratio:.2f}"
+    data["summary_line"] = line
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    write_json(args.results_dir / f"{stem}.json", data)
+    (args.results_dir / f"{stem}.md").write_text(_markdown(data), "utf-8")
+    _plot(studies, threshold, best_known, budget, args.results_dir / f"{stem}.png")
+    print(_markdown(data))
+    print(line, flush=True)
+    return data
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Smoke runs of the benchmark scripts (``bench/schedule_quality.py``,
+``bench/tuning_efficiency.py``): their ``--smoke`` mode (digits, 2 epochs, 1 seed, 3 trials)
+produces every figure (JSON keys, markdown table, PNG, the summary line). Targets are not
+checked here: they need the full runs (see ``bench/README.md``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _last_line(out: str) -> str:
+    return [line for line in out.splitlines() if line.strip()][-1]
+
+
+def _fields(line: str, prefix: str) -> dict[str, str]:
+    assert line.startswith(prefix + " "), line
+    return dict(re.findall(r"(\w+)=(\S+)", line))
+
+
+def _png(path: Path) -> None:
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 5_000
+
+
+def test_schedule_quality_smoke(
+    ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = _load("schedule_quality")
+    data = module.main(["--smoke", "--results-dir", str(tmp_path)])
+    line = _last_line(capsys.readouterr().out)
+    fields = _fields(line, "quality")
+    assert set(fields) == {
+        "task",
+        "tuned_acc",
+        "small_acc",
+        "small_std",
+        "tuned_steps",
+        "small_steps",
+        "steps_ratio",
+        "best_baseline",
+        "best_baseline_acc",
+    }
+    assert fields["task"] == "digits"
+    assert 0 <= float(fields["tuned_acc"]) <= 100
+    assert int(fields["small_steps"]) > int(fields["tuned_steps"]) > 0
+
+    saved = json.loads((tmp_path / "schedule_quality_smoke.json").read_text())
+    assert saved["summary_line"] == line
+    assert {"config", "tuning", "rows", "targets", "machine"} <= set(saved)
+    labels = [row["schedule"] for row in saved["rows"]]
+    assert labels == [
+        "small_batch",
+        "large_linear",
+        "large_sqrt",
+        "increase_batch",
+        "linear_ramp",
+        "tuned",
+    ]
+    for row in saved["rows"]:
+        assert {"test_acc_mean", "test_acc_std", "steps", "mean_batch_size"} <= set(row)
+        assert 0 <= row["test_acc_mean"] <= 1
+        assert row["seeds"] == [1000]
+    # The tuned schedule was retrained with the fresh seed from the study's YAML.
+    assert saved["tuning"]["best_number"] is not None
+    assert "schedule:" in saved["tuning"]["yaml"] or "stages" in saved["tuning"]["yaml"]
+    assert set(saved["targets"]) == {
+        "within_small_batch_spread",
+        "at_least_5x_fewer_steps",
+        "above_every_large_batch_baseline",
+    }
+    assert data["rows"] == saved["rows"]
+
+    md = (tmp_path / "schedule_quality_smoke.md").read_text()
+    assert "| schedule |" in md
+    assert "| **tuned** |" in md
+    assert "Targets:" in md
+    _png(tmp_path / "schedule_quality_smoke.png")
+
+
+def test_tuning_efficiency_smoke(
+    ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = _load("tuning_efficiency")
+    module.main(["--smoke", "--results-dir", str(tmp_path)])
+    line = _last_line(capsys.readouterr().out)
+    fields = _fields(line, "efficiency")
+    assert set(fields) == {"tpe_asha_epochs", "random_epochs", "ratio"}
+    assert float(fields["random_epochs"]) > 0
+    assert float(fields["ratio"]) > 0
+
+    saved = json.loads((tmp_path / "tuning_efficiency_smoke.json").read_text())
+    assert saved["summary_line"] == line
+    assert {"config", "best_known", "threshold", "methods", "ratio", "studies"} <= set(saved)
+    assert set(saved["methods"]) == {"tpe_asha", "random"}
+    assert [s["method"] for s in saved["studies"]] == ["tpe_asha", "random"]
+    for study in saved["studies"]:
+        spent = [p["trial_epochs"] for p in study["curve"]]
+        assert spent == sorted(spent)
+        assert spent[-1] == study["trial_epochs_total"]
+    # Random search without early stopping trains every trial for all its epochs.
+    random_study = saved["studies"][1]
+    assert random_study["trial_epochs_total"] == 3 * saved["config"]["epochs"]
+    assert 0 < saved["best_known"] <= 1
+
+    md = (tmp_path / "tuning_efficiency_smoke.md").read_text()
+    assert "| method |" in md
+    assert "tpe_asha (mean)" in md
+    _png(tmp_path / "tuning_efficiency_smoke.png")
