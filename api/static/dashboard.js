@@ -34,6 +34,7 @@
     modeBarButtonsToRemove: ["lasso2d", "select2d", "autoScale2d", "toggleSpikelines"],
   };
   var POLL_MS = 2000;
+  var TABLE_ROWS = 250; // rows drawn at first; "Show all" draws the rest
 
   function esc(value) {
     return String(value == null ? "" : value)
@@ -50,7 +51,8 @@
     return isNum(v) ? (v * 100).toFixed(digits == null ? 2 : digits) + "%" : "—";
   }
   function fmtInt(v) {
-    return isNum(v) ? Math.round(v).toLocaleString("en-US") : "—";
+    // thousands separators by hand: toLocaleString is slow over a thousand table rows
+    return isNum(v) ? String(Math.round(v)).replace(/\B(?=(\d{3})+(?!\d))/g, ",") : "—";
   }
   function fmtDuration(s) {
     if (!isNum(s) || s < 0) return "—";
@@ -172,6 +174,7 @@
       zoom: "all",
       sort: { key: "number", dir: 1 },
       filter: "",
+      showAllRows: false,
       importance: { at: 0, trialsDone: -1, pending: false },
       wasLive: false,
     };
@@ -179,7 +182,7 @@
     S.wasLive = S.live;
   }
 
-  function merge(data) {
+  function merge(data, serverTime) {
     if (!data.incremental) {
       S.trials = new Map();
       S.curves = new Map();
@@ -192,9 +195,11 @@
     S.schedules = data.schedules;
     S.comparison = data.comparison;
     S.live = data.live;
-    S.etag = data.etag;
-    S.serverTime = data.server_time;
-    S.clockOffset = Date.parse(data.server_time) - Date.now();
+    serverTime = serverTime || data.server_time;
+    if (serverTime) {
+      S.serverTime = serverTime;
+      S.clockOffset = Date.parse(serverTime) - Date.now();
+    }
   }
 
   function trialList() {
@@ -741,7 +746,7 @@
     draw(node, traces, baseLayout({
       margin: { l: 110, r: 14, t: traces.length > 1 ? 30 : 8, b: 36 },
       showlegend: traces.length > 1, barmode: "group",
-      xaxis: axis({ tickformat: ".0%", title: { text: "importance (fANOVA)" }, rangemode: "tozero" }),
+      xaxis: axis({ tickformat: ".0%", title: { text: "share of importance (PED-ANOVA)" }, rangemode: "tozero" }),
       yaxis: axis({ automargin: true }),
     }));
   }
@@ -772,7 +777,8 @@
     var names = baselineNames();
     var all = trialList();
     var rows = all.filter(function (t) { return matches(t, S.filter); }).sort(compareRows);
-    var html = rows.map(function (t) {
+    var shown = S.showAllRows ? rows : rows.slice(0, TABLE_ROWS);
+    var html = shown.map(function (t) {
       var tags = "";
       if (t.number === best) tags += '<span class="badge badge-best">★ best</span> ';
       if (t.baseline) {
@@ -794,6 +800,10 @@
         '<td class="num">' + fmtInt(t.epochs_done) + "</td>" +
         '<td class="num">' + yaml + "</td></tr>";
     }).join("");
+    if (shown.length < rows.length) {
+      html += '<tr class="more-rows"><td colspan="10"><button type="button" class="button button-small" id="show-all-rows">Show all ' +
+        fmtInt(rows.length) + " rows</button> <span class=\"muted small\">(the first " + shown.length + " in this order are shown)</span></td></tr>";
+    }
     el("trials-body").innerHTML = html || '<tr><td colspan="10" class="muted">' + (all.length ? "No trial matches the filter." : "No trials yet.") + "</td></tr>";
     el("trial-count").textContent = rows.length === all.length ? "(" + all.length + ")" : "(" + rows.length + " of " + all.length + ")";
     document.querySelectorAll("#trials-table th.sortable").forEach(function (th) {
@@ -829,11 +839,14 @@
     fetch(url, { cache: "no-store", headers: headers })
       .then(function (res) {
         if (res.status === 304) return null;
-        return res.ok ? res.json() : Promise.reject(res.status);
+        if (!res.ok) return Promise.reject(res.status);
+        S.etag = res.headers.get("ETag");
+        var serverTime = res.headers.get("X-Server-Time");
+        return res.json().then(function (data) { return { data: data, serverTime: serverTime }; });
       })
-      .then(function (data) {
-        if (data) {
-          merge(data);
+      .then(function (answer) {
+        if (answer) {
+          merge(answer.data, answer.serverTime);
           renderAll();
           loadImportance(!S.live);
         }
@@ -873,6 +886,11 @@
       });
     });
     el("trials-body").addEventListener("click", function (ev) {
+      if (ev.target.closest("#show-all-rows")) {
+        S.showAllRows = true;
+        renderTable();
+        return;
+      }
       if (ev.target.closest("a")) return;
       var tr = ev.target.closest("tr[data-number]");
       if (tr) pick(Number(tr.dataset.number));

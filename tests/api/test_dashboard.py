@@ -64,7 +64,7 @@ def test_study_page_embeds_all_its_data(client: TestClient, seeded: Seeded) -> N
     assert [t["number"] for t in data["trials"]] == [0, 1, 2, 3]
     assert data["trials"][0]["baseline"] == "small_batch"
     assert data["trials"][2]["status"] == "diverged"
-    assert data["curves"]["1"] == {"epoch": [1, 2], "acc": [0.51, 0.61], "loss": [1.0, 0.9]}
+    assert data["curves"]["1"] == {"epoch": [1, 2], "acc": [0.51, 0.61]}
     assert data["curves"]["3"]["epoch"] == [1]  # the running trial so far
     assert set(data["schedules"]) == {"0", "1"}  # the baseline and the best trial
     assert data["schedules"]["1"]["batch_sizes"] == [32, 128, 128]
@@ -95,17 +95,27 @@ def test_names_cannot_break_out_of_the_page(client: TestClient, store: StudyStor
 # -- page data and live updates --------------------------------------------------------------------
 
 
-def test_page_data_endpoint_with_etag(client: TestClient, seeded: Seeded) -> None:
+def test_page_data_endpoint_with_etag(
+    client: TestClient, store: StudyStore, seeded: Seeded
+) -> None:
     url = f"/dashboard/data/studies/{seeded.study_id}"
     first = client.get(url)
     assert first.status_code == 200
     data = first.json()
     assert data["incremental"] is False
     assert len(data["trials"]) == 4
-    assert first.headers["etag"] == data["etag"]
-    again = client.get(url, headers={"If-None-Match": data["etag"]})
+    server_time = datetime.fromisoformat(first.headers["x-server-time"].replace("Z", "+00:00"))
+    assert abs(server_time - datetime.now(UTC)) < timedelta(minutes=1)
+    # Nothing changed (time passing changes nothing): 304 and no body.
+    again = client.get(url, headers={"If-None-Match": first.headers["etag"]})
     assert again.status_code == 304
     assert again.content == b""
+    store.add_epoch_metrics(
+        store.get_trial(seeded.study_id, seeded.running_number).id, 1, {"val_accuracy": 0.7}
+    )
+    changed = client.get(url, headers={"If-None-Match": first.headers["etag"]})
+    assert changed.status_code == 200
+    assert changed.json()["curves"]["3"]["acc"] == [0.53, 0.7]
 
 
 def test_page_data_since_returns_what_changed(
@@ -224,7 +234,13 @@ def _optuna_study(url: str, name: str, n: int) -> None:
     storage = optuna.storages.RDBStorage(url)
     try:
         _fill_optuna_study(
-            optuna.create_study(storage=storage, study_name=name, direction="maximize"), n
+            optuna.create_study(
+                storage=storage,
+                study_name=name,
+                direction="maximize",
+                sampler=optuna.samplers.RandomSampler(seed=3),
+            ),
+            n,
         )
     finally:
         storage.engine.dispose()
@@ -254,10 +270,10 @@ def test_importance_without_optuna_storage(client: TestClient, seeded: Seeded) -
 def test_importance_from_the_optuna_study_in_the_same_database(
     client: TestClient, url: str, seeded: Seeded
 ) -> None:
-    _optuna_study(url, f"stagetune-study-{seeded.study_id}", 12)
+    _optuna_study(url, f"stagetune-study-{seeded.study_id}", 30)
     result = client.get(f"/dashboard/data/studies/{seeded.study_id}/importance").json()
     assert result["available"] is True, result
-    assert result["n_trials"] == 12  # the infeasible trial is left out
+    assert result["n_trials"] == 30  # the infeasible trial is left out
     ranking = result["objectives"][0]["params"]
     assert ranking[0]["name"] == "batch_exp_0"  # the accuracy depends on it alone
     assert sum(p["importance"] for p in ranking) == pytest.approx(1.0, abs=1e-3)

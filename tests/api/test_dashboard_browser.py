@@ -271,10 +271,16 @@ def _tuned_plans(
                 number, schedule, dict(trial.params), None, status, epochs, final, reason, curve
             )
         )
-        if status in (TrialStatus.COMPLETED, TrialStatus.STOPPED):
-            study.tell(trial, curve[-1])
-        else:
+        # As the engine tells them: per-epoch accuracy as intermediate values, an early stop
+        # as pruned, a failure as failed, a finished (or diverged) run with its value.
+        for epoch, acc in enumerate(curve):
+            trial.report(acc, epoch)
+        if status is TrialStatus.STOPPED:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        elif status is TrialStatus.FAILED:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(trial, curve[-1])
 
 
 def _outcome(plan: TrialPlan, record: Any) -> TrialOutcome:
@@ -582,7 +588,7 @@ def test_study_page_draws_every_chart(server: Server, page: Any) -> None:
     importance = _chart(page, "chart-importance")
     assert len(importance) == 1
     assert "n_stages" in importance[0]["y"]
-    assert "fANOVA" in page.locator("#importance-note").inner_text()
+    assert "PED-ANOVA" in page.locator("#importance-note").inner_text()
 
     # Best vs baselines: one row per baseline after the best.
     roles = page.eval_on_selector_all(
