@@ -2,13 +2,15 @@
 divergence and out-of-memory handling.
 
 Everything runs real ``torch.distributed`` (gloo) training across 2 Ray actors of the session's
-local Ray instance (2 CPUs). Test-only tasks are defined here and shipped to the worker
-processes through ``ScheduleTrainable.extra_tasks`` (pickled by value).
+local Ray instance (2 CPUs). The trials of this module run one after another on one shared
+trainable, handed on with ``reset_config`` as under Tune's actor reuse (so they also check that
+one trial's leftovers - a divergence, an OOM retry, a failed trial - do not leak into the
+next). Test-only tasks are defined here and shipped to the worker processes through
+``ScheduleTrainable.extra_tasks`` (pickled by value).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -23,8 +25,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from tuner.errors import ValidationError
 from tuner.schedule import Schedule, Stage, place_batch
-from workers.gang import Gang
-from workers.loop import LARS, TrialOOMError, TrialSpec, TrialWorker
+from workers.loop import LARS, TrialOOMError, TrialSpec
 from workers.noise_scale import NoiseScaleEstimator, unbiased_estimates
 from workers.tasks import BaseTask, TaskData, TaskOptions, get_task
 from workers.trainable import METRIC_KEYS, ScheduleTrainable
@@ -166,17 +167,22 @@ def trial_config(schedule: Schedule, task: str, **extra: Any) -> dict[str, Any]:
     return config
 
 
-@pytest.fixture
-def make_trainable(ray_session: None) -> Iterator[Callable[[dict[str, Any]], ScheduleTrainable]]:
-    made: list[ScheduleTrainable] = []
+@pytest.fixture(scope="module")
+def start_trial(ray_session: None) -> Iterator[Callable[[dict[str, Any]], ScheduleTrainable]]:
+    """Start a trial on one trainable shared by this module's tests: the first call creates
+    it (and its gang of worker processes), later calls hand it the next trial with
+    ``reset_config`` like Tune's actor reuse does (a gang with other resources is replaced)."""
+    shared: list[ScheduleTrainable] = []
 
-    def make(config: dict[str, Any]) -> ScheduleTrainable:
-        trainable = LoopTrainable(config)
-        made.append(trainable)
-        return trainable
+    def start(config: dict[str, Any]) -> ScheduleTrainable:
+        if not shared:
+            shared.append(LoopTrainable(config))
+        else:
+            assert shared[0].reset_config(config) is True
+        return shared[0]
 
-    yield make
-    for trainable in made:
+    yield start
+    for trainable in shared:
         trainable.stop()
 
 
@@ -299,22 +305,21 @@ def test_lars_scales_matrix_steps_by_the_trust_ratio() -> None:
 
 
 @pytest.mark.ray
-def test_uneven_split_gradient_equals_single_process_gradient(ray_session: None) -> None:
+def test_uneven_split_gradient_equals_single_process_gradient(
+    start_trial: Callable[[dict[str, Any]], ScheduleTrainable],
+) -> None:
     task = Float64Task()
     schedule = Schedule.constant(16, 2, 0.1, label_smoothing=0.1)
-    config = trial_config(schedule, task.name, seed=3)
-    gang = Gang(2, functools.partial(TrialWorker, tasks=(task,)))
-    try:
-        gang.call("configure", config)
-        order = torch.randperm(64, generator=torch.Generator().manual_seed(1))
-        indices = [int(i) for i in order[:21]]
-        weights, micro = (1.0, 2.5), 4
-        placement = place_batch(len(indices), 2, micro, weights)
-        assert placement.local_batches == (6, 15)  # unequal shares ...
-        assert placement.accumulation_steps == 4  # ... and gradient accumulation
-        grads = gang.call("synchronized_gradient", indices, weights, micro)
-    finally:
-        gang.shutdown()
+    trainable = start_trial(trial_config(schedule, task.name, seed=3))
+    order = torch.randperm(64, generator=torch.Generator().manual_seed(1))
+    indices = [int(i) for i in order[:21]]
+    weights, micro = (1.0, 2.5), 4
+    placement = place_batch(len(indices), 2, micro, weights)
+    assert placement.local_batches == (6, 15)  # unequal shares ...
+    assert placement.accumulation_steps == 4  # ... and gradient accumulation
+    assert trainable._gang is not None
+    assert trainable._gang.backend == "gloo"
+    grads = trainable._gang.call("synchronized_gradient", indices, weights, micro)
     assert grads[0] == grads[1]  # both ranks hold the same synchronized gradient
 
     torch.manual_seed(3)
@@ -339,7 +344,7 @@ def test_uneven_split_gradient_equals_single_process_gradient(ray_session: None)
 @pytest.mark.ray
 @pytest.mark.slow
 def test_digits_trains_past_90_percent_with_consistent_metrics(
-    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+    start_trial: Callable[[dict[str, Any]], ScheduleTrainable],
 ) -> None:
     task = get_task("digits")
     epochs = task.default_epochs  # 15
@@ -354,7 +359,7 @@ def test_digits_trains_past_90_percent_with_consistent_metrics(
         scaling_rule="sqrt",
         label_smoothing=0.05,
     )
-    trainable = make_trainable(trial_config(schedule, "digits", micro_batch=48))
+    trainable = start_trial(trial_config(schedule, "digits", micro_batch=48))
     results = run_trial(trainable)
     assert len(results) == epochs
     check_metrics(results, schedule, num_train=1079)
@@ -370,18 +375,18 @@ def test_digits_trains_past_90_percent_with_consistent_metrics(
 @pytest.mark.ray
 @pytest.mark.slow
 def test_mnist1d_trains_past_90_percent(
-    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+    start_trial: Callable[[dict[str, Any]], ScheduleTrainable],
 ) -> None:
     task = get_task("mnist1d")
     epochs = task.default_epochs  # 30
     schedule = Schedule(
-        stages=(Stage(0, 8, 32), Stage(8, 18, 128, warmup_epochs=1.0), Stage(18, epochs, 512)),
+        stages=(Stage(0, 4, 32), Stage(4, 14, 128, warmup_epochs=1.0), Stage(14, epochs, 512)),
         base_lr=task.default_base_lr,
         base_batch_size=task.default_base_batch_size,
         scaling_rule="sqrt",
         weight_decay=task.default_optimizer.weight_decay,
     )
-    trainable = make_trainable(trial_config(schedule, "mnist1d"))
+    trainable = start_trial(trial_config(schedule, "mnist1d"))
     results = run_trial(trainable)
     check_metrics(results, schedule, num_train=5000)
     assert results[-1]["val_accuracy"] > 0.90
@@ -393,7 +398,7 @@ def test_mnist1d_trains_past_90_percent(
 
 @pytest.mark.ray
 def test_huge_learning_rate_diverges_and_keeps_metrics_so_far(
-    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+    start_trial: Callable[[dict[str, Any]], ScheduleTrainable],
 ) -> None:
     # Two sane epochs, then a stage whose LR is 1e6 times larger.
     schedule = Schedule(
@@ -401,7 +406,7 @@ def test_huge_learning_rate_diverges_and_keeps_metrics_so_far(
         base_lr=0.05,
         base_batch_size=32,
     )
-    trainable = make_trainable(trial_config(schedule, "digits"))
+    trainable = start_trial(trial_config(schedule, "digits"))
     results = run_trial(trainable)
     assert len(results) == 3  # ended in the first epoch at the huge LR
     first, second, last = results
@@ -420,14 +425,14 @@ def test_huge_learning_rate_diverges_and_keeps_metrics_so_far(
 
 @pytest.mark.ray
 def test_out_of_memory_retries_with_more_accumulation(
-    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+    start_trial: Callable[[dict[str, Any]], ScheduleTrainable],
 ) -> None:
     # Stage 2's local batch (64 per worker) exceeds what the model "fits" (24): the loop must
     # retry with micro-batch 32, then 16, and train the stage with 4 accumulation passes.
     schedule = Schedule(
         stages=(Stage(0, 1, 32), Stage(1, 2, 128)), base_lr=0.05, base_batch_size=32
     )
-    trainable = make_trainable(trial_config(schedule, OOMTask.name))
+    trainable = start_trial(trial_config(schedule, OOMTask.name))
     results = run_trial(trainable)
     check_metrics(results, schedule, num_train=1079)
     assert results[0]["oom_retries"] == 0
@@ -440,21 +445,38 @@ def test_out_of_memory_retries_with_more_accumulation(
 
 @pytest.mark.ray
 def test_out_of_memory_at_micro_batch_one_fails_with_a_clear_reason(
-    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+    start_trial: Callable[[dict[str, Any]], ScheduleTrainable],
 ) -> None:
     schedule = Schedule.constant(8, 1, 0.05)
-    trainable = make_trainable(trial_config(schedule, OOMAlwaysTask.name))
+    trainable = start_trial(trial_config(schedule, OOMAlwaysTask.name))
     with pytest.raises(TrialOOMError, match="even with micro-batch 1"):
         trainable.train()
 
 
 @pytest.mark.ray
 @pytest.mark.slow
+def test_drop_last_false_trains_every_sample(
+    start_trial: Callable[[dict[str, Any]], ScheduleTrainable],
+) -> None:
+    # 1079 samples at batch 100: 10 full steps and a last step of 79 samples, split 40/39
+    # over the two workers (an even split is impossible; the gradient is still the mean).
+    schedule = Schedule.constant(100, 2, 0.05)
+    trainable = start_trial(trial_config(schedule, "digits", drop_last=False))
+    results = run_trial(trainable)
+    assert [r["steps"] for r in results] == [11, 22]
+    assert [r["samples"] for r in results] == [1079, 2158]
+    assert schedule.total_steps(1079, drop_last=False) == 22
+    assert results[-1]["local_batches"] == [50, 50]
+    assert results[-1]["val_accuracy"] > 0.8
+
+
+@pytest.mark.ray
+@pytest.mark.slow
 def test_single_worker_noise_scale_comes_from_accumulation(
-    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+    start_trial: Callable[[dict[str, Any]], ScheduleTrainable],
 ) -> None:
     schedule = Schedule.constant(64, 2, 0.05)
-    trainable = make_trainable(trial_config(schedule, "digits", workers=1))
+    trainable = start_trial(trial_config(schedule, "digits", workers=1))
     plain = run_trial(trainable)
     # One worker, no accumulation: no smaller batch to compare with, so no noise scale.
     assert [r["noise_scale"] for r in plain] == [None, None]
@@ -472,10 +494,10 @@ def test_single_worker_noise_scale_comes_from_accumulation(
 @pytest.mark.ray
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_path_uses_bf16_autocast_and_channels_last(
-    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+    start_trial: Callable[[dict[str, Any]], ScheduleTrainable],
 ) -> None:
     schedule = Schedule.constant(32, 2, 0.05)
-    trainable = make_trainable(
+    trainable = start_trial(
         trial_config(schedule, Images4dTask.name, workers=1, gpus_per_worker=1.0)
     )
     (info,) = trainable.worker_info
@@ -486,20 +508,3 @@ def test_cuda_path_uses_bf16_autocast_and_channels_last(
     results = run_trial(trainable)
     assert all(math.isfinite(r["train_loss"]) for r in results)
     assert results[-1]["val_accuracy"] > 0.5
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_drop_last_false_trains_every_sample(
-    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
-) -> None:
-    # 1079 samples at batch 100: 10 full steps and a last step of 79 samples, split 40/39
-    # over the two workers (an even split is impossible; the gradient is still the mean).
-    schedule = Schedule.constant(100, 2, 0.05)
-    trainable = make_trainable(trial_config(schedule, "digits", drop_last=False))
-    results = run_trial(trainable)
-    assert [r["steps"] for r in results] == [11, 22]
-    assert [r["samples"] for r in results] == [1079, 2158]
-    assert schedule.total_steps(1079, drop_last=False) == 22
-    assert results[-1]["local_batches"] == [50, 50]
-    assert results[-1]["val_accuracy"] > 0.8
