@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import optuna
 from ray import tune
 
 from tuner.engine import EngineResult, TuningEngine
+from tuner.engine_search import TrialMeta
 from tuner.errors import InvalidStateError, StagetuneError, ValidationError
 from tuner.export import export_yaml
-from tuner.objectives import StudyObjective, TrialOutcome
+from tuner.objectives import StudyObjective, TrialOutcome, trial_status
 from tuner.progress import StoreProgress, StudyWatch
 from tuner.schedule import Schedule
 from tuner.spec import ResolvedSpec, StudySpec, TaskDefaults
@@ -42,6 +44,7 @@ from tuner.store.storage import StudyStore
 __all__ = [
     "StudyResult",
     "TrialPrinter",
+    "check_spec",
     "experiment_name",
     "optuna_study_name",
     "print_result",
@@ -142,9 +145,10 @@ def run_study(
     The study must be ``running`` (claimed by ``worker_id`` through
     ``StudyStore.claim_study``; ``worker_id`` makes every poll a heartbeat). It ends
     ``completed`` with its summary, ``cancelled`` if a cancel was requested (with the summary
-    of what ran), or ``failed`` with the error (which is re-raised). On ``KeyboardInterrupt``
-    the study is released back to ``queued`` (a later run resumes it) when ``worker_id`` owns
-    it. If the study was taken over by another worker meanwhile, it is left to that worker.
+    of what ran), or ``failed`` with the error (which is re-raised). Interrupted
+    (``KeyboardInterrupt``, or Tune's own Ctrl-C handling ending the experiment early), the
+    study is released back to ``queued`` when ``worker_id`` owns it: a later run resumes it.
+    If the study was taken over by another worker meanwhile, it is left to that worker.
     """
     study = store.get_study(study_id)
     if study.status is not StudyStatus.RUNNING:
@@ -185,7 +189,7 @@ def run_study(
     except Exception as exc:
         _fail(store, study_id, worker_id, exc)
         raise
-    return _finish(store, study_id, worker_id, result, watch)
+    return _finish(store, study_id, worker_id, result)
 
 
 def _fail(store: StudyStore, study_id: int, worker_id: str | None, exc: BaseException) -> None:
@@ -201,36 +205,54 @@ def _finish(
     study_id: int,
     worker_id: str | None,
     result: EngineResult,
-    watch: StudyWatch,
 ) -> StudyResult:
     study = store.get_study(study_id)
     summary = {"study_id": study_id, "name": study.name, "task": study.task, **result.summary}
     best = result.summary.get("best")
     best_number = best["number"] if best else None
-    status = StudyStatus.COMPLETED
-    if study.cancel_requested:
-        status = StudyStatus.CANCELLED
-    elif len(result.outcomes) < study.budget and watch.reason is None:
-        status = StudyStatus.FAILED
-    if best_number is not None:
+    owned = study.status is StudyStatus.RUNNING and (
+        worker_id is None or study.worker_id == worker_id
+    )
+    if best_number is not None and owned:
         trial = store.get_trial(study_id, best_number)
         values = (trial.objective_values or {}).values()
         value = next((v for v in values if v is not None), None)
         if value is not None:
             store.set_best(study_id, trial.id, value)
-    if study.status is StudyStatus.RUNNING and (worker_id is None or study.worker_id == worker_id):
-        error = None
-        if status is StudyStatus.FAILED:
-            error = (
-                f"the experiment ended after {len(result.outcomes)} of {study.budget} trials; "
-                "run the study again to resume it"
-            )
-        store.finish_study(study_id, status, error=error, summary=summary, worker_id=worker_id)
-    else:
+    if not owned:
         log.warning(
-            "study %s is %s (worker %s); not finishing it", study_id, study.status, study.worker_id
+            "study %s is %s (worker %s); leaving it as it is",
+            study_id,
+            study.status,
+            study.worker_id,
         )
-        status = store.get_study(study_id).status
+        status = study.status
+    elif study.cancel_requested:
+        status = StudyStatus.CANCELLED
+        store.finish_study(study_id, status, summary=summary, worker_id=worker_id)
+    elif len(result.outcomes) < study.budget:
+        # Ended early without a cancel (Tune's own Ctrl-C handling): resumable.
+        if worker_id is not None:
+            store.release_study(study_id, worker_id)
+            status = StudyStatus.QUEUED
+            log.warning(
+                "study %s stopped after %s of %s trials; it is queued again and a worker "
+                "resumes it",
+                study_id,
+                len(result.outcomes),
+                study.budget,
+            )
+        else:
+            status = StudyStatus.FAILED
+            store.finish_study(
+                study_id,
+                status,
+                error=f"the experiment ended after {len(result.outcomes)} of {study.budget} trials",
+                summary=summary,
+            )
+    else:
+        status = StudyStatus.COMPLETED
+        store.finish_study(study_id, status, summary=summary, worker_id=worker_id)
     return StudyResult(
         study_id=study_id,
         status=status,
@@ -240,6 +262,22 @@ def _finish(
         best_is_baseline=bool(result.summary.get("best_is_baseline")),
         best_schedule=result.best_schedule,
     )
+
+
+def check_spec(spec: StudySpec) -> tuple[ResolvedSpec, int]:
+    """Everything that can be checked before a study runs, with the task loaded: the task's
+    options, the resolved settings, a non-empty search space, a constraint some schedule can
+    meet, batches that fit the dataset and baselines that can run. Returns the resolved spec
+    and the training-set size; raises :class:`ValidationError` saying what to change."""
+    from tuner.baselines import build_baselines
+    from tuner.space import ScheduleSpace, check_feasible
+
+    resolved, train_size = resolve_spec(spec)
+    space = ScheduleSpace.from_spec(resolved)
+    check_feasible(space, spec.objective, train_size)
+    if spec.baselines:
+        build_baselines(space, train_size)
+    return resolved, train_size
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,6 +321,7 @@ def tune_spec(
     from rich.console import Console
 
     out = Console(quiet=quiet) if console is None else console
+    resolved, _ = check_spec(spec)  # before creating the study (the data stays cached)
     store = StudyStore(database_url, create=True)
     try:
         study = store.create_study(spec.task, spec.to_dict(), spec.budget.trials, name=spec.name)
@@ -294,7 +333,8 @@ def tune_spec(
             f"objective {spec.objective.kind})"
         )
         _quiet_ray_output()
-        printer = TrialPrinter(budget=spec.budget.trials, quiet=quiet)
+        objective = StudyObjective.of(spec, resolved.total_epochs)
+        printer = TrialPrinter(budget=spec.budget.trials, objective=objective, quiet=quiet)
         result = run_study(
             store,
             study.id,
@@ -327,15 +367,18 @@ def tune_spec(
 
 
 def _quiet_ray_output() -> None:
-    # Ray Tune's own console reporter would interleave with ours.
+    # Ray Tune's own console reporter and Optuna's INFO lines would interleave with ours.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("ray.tune").setLevel(logging.WARNING)
 
 
 class TrialPrinter(tune.Callback):
-    """Prints one line per finished trial (the CLI's live progress)."""
+    """Prints a line when a trial starts and when it ends (the CLI's live progress)."""
 
-    def __init__(self, budget: int, quiet: bool = False) -> None:
+    def __init__(self, budget: int, objective: StudyObjective, quiet: bool = False) -> None:
         self.budget = budget
+        self.objective = objective
         self.quiet = quiet
         self._done = 0
         self._console: Any = None
@@ -349,8 +392,6 @@ class TrialPrinter(tune.Callback):
         return self._console
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        from tuner.engine_search import TrialMeta
-
         meta = TrialMeta.from_config(trial.config)
         if meta is None:
             return
@@ -362,16 +403,14 @@ class TrialPrinter(tune.Callback):
         self.console.print(f"  [dim]start[/dim] trial {meta.number:>3} [{kind}] {summary}")
 
     def _line(self, trial: Any, error: bool) -> None:
-        from tuner.engine_search import TrialMeta
-
         meta = TrialMeta.from_config(trial.config)
         if meta is None:
             return
         self._done += 1
         r = trial.last_result or {}
+        status, _ = trial_status(self.objective, r, error=error)
         acc = r.get("val_accuracy")
         acc_text = f"{acc:.4f}" if isinstance(acc, int | float) else "-"
-        status = "failed" if error else ("diverged" if r.get("diverged") else "done")
         self.console.print(
             f"[{self._done:>3}/{self.budget}] trial {meta.number:>3} "
             f"[{meta.baseline or 'tuned'}] {status}: val_accuracy {acc_text} after "

@@ -137,7 +137,7 @@ def test_an_interrupted_study_resumes_without_rerunning_finished_trials(
     spec = StudySpec.from_yaml(
         SPEC.replace(
             "budget: {trials: 6, grace_period_epochs: 2, reduction_factor: 2}",
-            "budget: {trials: 7, early_stopping: false}",
+            "budget: {trials: 6, early_stopping: false}",
         )
     )
     store = StudyStore(sqlite_url, create=True)
@@ -148,7 +148,7 @@ def test_an_interrupted_study_resumes_without_rerunning_finished_trials(
     storage = tmp_path / "ray"
 
     # Run the study in a real process attached to this session's Ray, and kill it outright
-    # once three trials are finished.
+    # once two trials are finished.
     env = {
         **os.environ,
         "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
@@ -163,7 +163,7 @@ def test_an_interrupted_study_resumes_without_rerunning_finished_trials(
     )
     try:
         deadline = time.monotonic() + 240
-        while len(_finished(store, study.id)) < 3:
+        while len(_finished(store, study.id)) < 2:
             assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
             assert time.monotonic() < deadline, "the study did not get going"
             time.sleep(0.2)
@@ -174,14 +174,14 @@ def test_an_interrupted_study_resumes_without_rerunning_finished_trials(
             child.stderr.close()
     before = _finished(store, study.id)
     assert store.get_study(study.id).status is StudyStatus.RUNNING
-    assert len(before) < 7
+    assert len(before) < 6
 
     # Resume (here, in this process): the experiment and the Optuna study are restored.
     result = run_study(store, study.id, worker_id="worker-a", storage_path=storage)
 
     assert result.status is StudyStatus.COMPLETED
     trials = store.list_trials(study.id).items
-    assert [t.number for t in trials] == list(range(7))  # exactly the budget
+    assert [t.number for t in trials] == list(range(6))  # exactly the budget
     assert all(t.status is TrialStatus.COMPLETED for t in trials)
     after = _finished(store, study.id)
     for number, record in before.items():
@@ -192,8 +192,11 @@ def test_an_interrupted_study_resumes_without_rerunning_finished_trials(
         assert outcomes[number].wall_time_s == record[4]
     assert store.get_study(study.id).summary is not None
     ot = optuna.load_study(study_name=optuna_study_name(study.id), storage=sqlite_url)
-    assert sorted(t.user_attrs["stagetune_number"] for t in ot.trials) == [3, 4, 5, 6]
-    assert all(t.state is optuna.trial.TrialState.COMPLETE for t in ot.trials)
+    issued = [t for t in ot.trials if "stagetune_number" in t.user_attrs]
+    assert sorted(t.user_attrs["stagetune_number"] for t in issued) == [3, 4, 5]
+    assert all(t.state is optuna.trial.TrialState.COMPLETE for t in issued)
+    # A trial Optuna handed out just before the kill, never given to Tune, is closed as failed.
+    assert all(t.state is optuna.trial.TrialState.FAIL for t in ot.trials if t not in issued)
 
 
 def test_a_cancel_request_stops_the_study(
@@ -204,13 +207,13 @@ def test_a_cancel_request_stops_the_study(
     study = store.create_study(spec.task, spec.to_dict(), spec.budget.trials)
     assert store.claim_study("worker-c", stale_after_s=60) is not None
 
-    def cancel_after_two() -> None:
+    def cancel_after_one() -> None:
         deadline = time.monotonic() + 240
-        while len(_finished(store, study.id)) < 2 and time.monotonic() < deadline:
+        while len(_finished(store, study.id)) < 1 and time.monotonic() < deadline:
             time.sleep(0.2)
         store.request_cancel(study.id)
 
-    canceller = threading.Thread(target=cancel_after_two, daemon=True)
+    canceller = threading.Thread(target=cancel_after_one, daemon=True)
     canceller.start()
     result = run_study(
         store, study.id, worker_id="worker-c", storage_path=tmp_path / "ray", poll_s=0.2
@@ -224,5 +227,5 @@ def test_a_cancel_request_stops_the_study(
     assert record.summary is not None
     assert record.summary["cancelled"] is True
     trials = store.list_trials(study.id).items
-    assert 2 <= len(trials) < 20
+    assert 1 <= len(trials) < 20
     assert all(t.status is not TrialStatus.RUNNING for t in trials)
