@@ -248,3 +248,78 @@ def stop_process(process: subprocess.Popen[Any], timeout_s: float = 10.0) -> Non
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout_s)
+
+
+# -- a writer process, like a dispatcher ---------------------------------------------------
+
+WRITER_CODE = (
+    "import sys; from tests.reliability.helpers import run_writer; "
+    "run_writer(sys.argv[1], float(sys.argv[2]), sys.argv[3])"
+)
+
+
+def run_writer(url: str, seconds: float, result_path: str, epochs: int = 5) -> None:
+    """Write a study the way a dispatcher does, as fast as possible, for ``seconds``:
+    claim it, then trials (create, one ``add_epoch_metrics`` per epoch, finish) and
+    heartbeats. Counts and the first error go to ``result_path`` as JSON."""
+    import json
+
+    writes = errors = trials = 0
+    first_error = ""
+    deadline = time.monotonic() + seconds
+    with StudyStore(url) as store:
+        try:
+            study = store.create_study("digits", SPEC, 1_000_000, name="being-written")
+            claimed = store.claim_study("soak-writer", 3600)
+            assert claimed is not None
+            assert claimed.id == study.id, "an older queued study exists"
+            writes += 2
+        except Exception as exc:
+            Path(result_path).write_text(json.dumps({"errors": 1, "first_error": repr(exc)}))
+            raise
+        schedule = schedule_dict(32, 64)
+        number = 0
+        while time.monotonic() < deadline:
+            try:
+                trial = store.create_trial(study.id, number, schedule, {"seed": number})
+                writes += 1
+                for epoch in range(epochs):
+                    store.add_epoch_metrics(
+                        trial.id, epoch, {"val_accuracy": 0.5 + epoch / 100, "val_loss": 1.0}
+                    )
+                    writes += 1
+                store.finish_trial(trial.id, TrialStatus.COMPLETED, final={"val_accuracy": 0.55})
+                store.heartbeat(study.id, "soak-writer")
+                writes += 2
+                trials += 1
+            except Exception as exc:  # counted: any failed write is a test failure
+                errors += 1
+                first_error = first_error or f"{type(exc).__name__}: {exc}"
+            number += 1
+    Path(result_path).write_text(
+        json.dumps(
+            {
+                "study_id": study.id,
+                "writes": writes,
+                "trials": trials,
+                "errors": errors,
+                "first_error": first_error,
+            }
+        )
+    )
+
+
+def start_writer(
+    url: str, seconds: float, result_path: Path, log_path: Path
+) -> subprocess.Popen[bytes]:
+    log = open(log_path, "wb")  # noqa: SIM115 (the child holds it; closed when it exits)
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-c", WRITER_CODE, url, str(seconds), str(result_path)],
+            cwd=REPO,
+            env=clean_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    finally:
+        log.close()
