@@ -49,3 +49,14 @@ def test_tune_rejects_a_spec_before_creating_a_study(sqlite_url: str, tmp_path: 
     assert not (tmp_path / "best.yaml").exists()
     with StudyStore(sqlite_url, create=True) as store:
         assert store.list_studies().total == 0
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+STUDY_EXAMPLES = [p for p in EXAMPLES if p.name in ("mnist1d.yaml", "digits.yaml")]
+
+
+@pytest.mark.parametrize("path", STUDY_EXAMPLES, ids=lambda p: p.name)
+def test_the_example_specs_can_run(path: Path) -> None:
+    resolved, train_size = check_spec(StudySpec.from_yaml(path.read_text(encoding="utf-8")))
+    assert resolved.spec.budget.trials > 3
+    assert train_size > 0
