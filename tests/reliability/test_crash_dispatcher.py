@@ -1,0 +1,219 @@
+"""A dispatcher killed outright (SIGKILL) in the middle of a study, and a second one taking it
+over: ``stagetune worker`` as real processes on the session's Ray cluster (``RAY_ADDRESS``),
+the embedded SQLite database, a small digits study run one trial at a time.
+
+The first worker is killed once at least two trials are finished and another one is running.
+A second worker, started with a short ``STAGETUNE_STALE_AFTER_S``, claims the study when the
+dead one's heartbeat goes stale and resumes it. Checked afterwards:
+
+* every trial finished before the kill is still there, unchanged (its row and its metric rows);
+* the study completed with exactly the budget of trials (numbers 0..budget-1), owned by the
+  second worker, ``attempts == 2``;
+* no trial is left ``running``: the one interrupted by the kill was run again (completed, a
+  full curve) or is ``failed`` with a reason; the API shows the same.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.app import create_app
+from tests.reliability.helpers import STUDIES, api_settings, clean_env
+from tuner.spec import StudySpec
+from tuner.store import StudyStatus, StudyStore, TrialStatus
+from tuner.store.migrate import upgrade
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+STAGETUNE = [sys.executable, "-c", "from workers.cli import main; main()"]
+BUDGET = 6
+SPEC = {
+    "task": "digits",
+    "name": "crash-me",
+    "baselines": False,
+    "schedule": {"total_epochs": 3},
+    "space": {"stages": {"min": 1, "max": 2}, "batch_size": {"min": 32, "max": 128}},
+    "budget": {"trials": BUDGET, "early_stopping": False, "max_concurrent": 1},
+    "resources": {"workers": 1, "cpus_per_worker": 1},
+}
+
+
+def start_worker(
+    url: str,
+    worker_id: str,
+    data_dir: Path,
+    ray_address: str,
+    log: Path,
+    stale_after_s: float,
+    *,
+    until: str = "--once",
+) -> subprocess.Popen[bytes]:
+    """``stagetune worker`` (``until``: ``--once``, or ``--max-studies=1`` for a worker that
+    waits for a study to become claimable, e.g. stale)."""
+    env = clean_env(
+        {
+            "STAGETUNE_DATABASE_URL": url,
+            "STAGETUNE_DATA_DIR": str(data_dir),
+            "STAGETUNE_HEARTBEAT_S": "0.5",
+            "STAGETUNE_POLL_S": "0.5",
+            "STAGETUNE_STALE_AFTER_S": str(stale_after_s),
+            "RAY_ADDRESS": ray_address,
+        }
+    )
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [*STAGETUNE, "worker", until, "--worker-id", worker_id, "--log-level", "info"],
+            cwd=data_dir.parent,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def finished_rows(store: StudyStore, study_id: int) -> dict[int, tuple[Any, ...]]:
+    """Every finished trial with its metric rows: what must survive the crash unchanged."""
+    rows = {}
+    for t in store.list_trials(study_id, limit=1000).items:
+        if t.status is TrialStatus.RUNNING:
+            continue
+        curve = tuple(
+            (m.epoch, m.val_accuracy, m.val_loss, m.train_loss, m.steps, m.lr)
+            for m in store.trial_metrics(t.id)
+        )
+        rows[t.number] = (
+            t.id,
+            t.status,
+            t.stop_reason,
+            t.started_at,
+            t.finished_at,
+            t.epochs_done,
+            t.val_accuracy,
+            t.wall_time_s,
+            t.steps,
+            t.schedule,
+            curve,
+        )
+    return rows
+
+
+TAKEOVER_LIVELOCK = (
+    "tuner/engine.py TuningEngine._tuner(): tune.Tuner.restore() brings back the RunConfig "
+    "pickled by the dead worker, whose RunStopper holds the dead worker's StudyWatch "
+    "(worker_id='w-first'); its first poll heartbeats as w-first, gets ConflictError (the "
+    "study is w-second's now) and stops the experiment; the runner sees fewer outcomes than "
+    "the budget and releases the study to 'queued'; the dispatcher re-claims it at once: an "
+    "endless claim/restore/release loop (attempts 2, 3, 4, ... within a second), trials "
+    "3..5 never run. Fix: do not pickle the watch into the experiment (e.g. RunStopper looks "
+    "its should_stop up in a process-level registry keyed by experiment name that "
+    "TuningEngine.run() fills before fit()), and bound re-claims without progress"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=TAKEOVER_LIVELOCK)
+def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
+    ray_session: None, sqlite_url: str, tmp_path: Path
+) -> None:
+    import ray
+
+    address = ray.get_runtime_context().gcs_address
+    upgrade(sqlite_url)
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    with StudyStore(sqlite_url) as store:
+        spec = StudySpec.from_dict(SPEC)
+        study_id = store.create_study(spec.task, spec.to_dict(), BUDGET, name=spec.name).id
+
+        first = start_worker(sqlite_url, "w-first", data_dir, address, tmp_path / "w1.log", 60)
+        killed_running: int | None = None
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                assert first.poll() is None, (tmp_path / "w1.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the first worker did not finish 2 trials"
+                trials = store.list_trials(study_id).items
+                done = [t for t in trials if t.status is not TrialStatus.RUNNING]
+                running = [t for t in trials if t.status is TrialStatus.RUNNING]
+                if len(done) >= 2 and running and store.trial_metrics(running[0].id):
+                    killed_running = running[0].number
+                    break
+                time.sleep(0.1)
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(30)
+        kill_time = time.monotonic()
+        before = finished_rows(store, study_id)
+        assert len(before) >= 2
+        study = store.get_study(study_id)
+        assert study.status is StudyStatus.RUNNING
+        assert study.worker_id == "w-first"
+        assert killed_running is not None
+        assert store.get_trial(study_id, killed_running).status is TrialStatus.RUNNING
+
+        # A standing dispatcher: it finds nothing to claim until the heartbeat is 3 s old.
+        second = start_worker(
+            sqlite_url,
+            "w-second",
+            data_dir,
+            address,
+            tmp_path / "w2.log",
+            3,
+            until="--max-studies=1",
+        )
+        try:
+            second.wait(timeout=420)
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.wait(30)
+        log2 = (tmp_path / "w2.log").read_text()
+        assert second.returncode == 0, log2[-4000:]
+        print(f"taken over and finished {time.monotonic() - kill_time:.0f} s after the kill")
+
+        study = store.get_study(study_id)
+        assert study.status is StudyStatus.COMPLETED, (study.error, log2[-4000:])
+        assert study.worker_id == "w-second"
+        assert study.attempts == 2
+        trials = store.list_trials(study_id, limit=1000).items
+        assert [t.number for t in trials] == list(range(BUDGET))
+        assert all(t.status is not TrialStatus.RUNNING for t in trials)
+        after = finished_rows(store, study_id)
+        for number, row in before.items():
+            assert after[number] == row, f"trial {number} changed after the take-over"
+        interrupted = store.get_trial(study_id, killed_running)
+        if interrupted.status is TrialStatus.FAILED:
+            assert interrupted.stop_reason
+        else:
+            assert interrupted.status is TrialStatus.COMPLETED, interrupted
+            curve = store.trial_metrics(interrupted.id)
+            assert [m.epoch for m in curve] == [0, 1, 2]
+        for t in trials:
+            if t.status is TrialStatus.FAILED:
+                assert t.stop_reason, t
+
+        # The API tells the same story.
+        app = create_app(settings=api_settings(sqlite_url), store=store)
+        with TestClient(app) as client:
+            shown = client.get(f"{STUDIES}/{study_id}").json()
+            assert shown["status"] == "completed"
+            assert shown["attempts"] == 2
+            assert shown["progress"]["trials_done"] == BUDGET
+            assert shown["progress"]["trials_running"] == 0
+            page = client.get(f"{STUDIES}/{study_id}/trials", params={"limit": 100}).json()
+            assert {t["number"]: t["status"] for t in page["items"]} == {
+                t.number: t.status.value for t in trials
+            }
+            for t in page["items"]:
+                if t["status"] == "failed":
+                    assert t["stop_reason"]
