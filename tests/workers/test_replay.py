@@ -96,11 +96,11 @@ def test_replay_reproduces_the_recorded_accuracy_of_a_mnist1d_trial(
     # The trial, as Ray Tune runs it (ScheduleTrainable.step() per epoch).
     trainable = ScheduleTrainable(config)
     try:
-        results = [trainable.train()]  # type: ignore[no-untyped-call]
+        results = [trainable.train()]
         while not results[-1]["done"]:
-            results.append(trainable.train())  # type: ignore[no-untyped-call]
+            results.append(trainable.train())
     finally:
-        trainable.stop()  # type: ignore[no-untyped-call]
+        trainable.stop()
     last = results[-1]
     assert last["val_accuracy"] > 0.15  # it learned something (chance is 0.10)
 
