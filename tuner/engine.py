@@ -435,21 +435,32 @@ class TuningEngine:
             except tune.TuneError as exc:
                 raise StagetuneError(f"the tuning experiment failed: {exc}") from exc
         outcomes: list[TrialOutcome] = []
-        for index in range(len(grid)):
-            result = grid[index]
-            error = result.error
+        # Tune's own trial records (a ``Result`` of a trial that never reported lacks its
+        # config); read back from the experiment directory, as a restore would.
+        analysis = tune.ExperimentAnalysis(grid.experiment_path)
+        for trial in analysis.trials:
+            error = trial.status == "ERROR"
+            message = None
+            if error:
+                try:
+                    found = trial.get_error()
+                    message = None if found is None else _short(found)
+                except Exception:  # the error file may be missing; the status is what counts
+                    message = None
             outcome = outcome_of(
                 self.objective,
-                result.config or {},
-                result.metrics,
-                error=error is not None,
-                error_message=None if error is None else _short(error),
+                trial.config or {},
+                trial.last_result,
+                error=error,
+                error_message=message,
                 train_size=self.train_size,
             )
             if outcome is not None:
                 outcomes.append(outcome)
         outcomes.sort(key=lambda o: o.number)
-        cancelled = bool(self.should_stop is not None and self._stopped_all(tuner))
+        # The stopper Tune ran may be the one restored from the experiment directory, so ask
+        # ``should_stop`` itself whether the run was cancelled.
+        cancelled = bool(self.should_stop is not None and self.should_stop())
         summary = summarize(
             outcomes,
             self.objective,
@@ -470,11 +481,6 @@ class TuningEngine:
             experiment_path=str(self.experiment_path),
             baselines=self.baselines,
         )
-
-    def _stopped_all(self, tuner: tune.Tuner) -> bool:
-        """Whether the run ended because ``should_stop`` asked (the stopper may have been
-        restored from the experiment directory, so ask ``should_stop`` again)."""
-        return bool(self.should_stop and self.should_stop())
 
 
 def _short(error: BaseException, limit: int = 500) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Mapping
 from typing import Any, Final
@@ -249,13 +250,9 @@ class StoreProgress(tune.Callback):
         self._pending.append((trial.trial_id, dict(trial.last_result or {}), False, None))
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        message = None
-        try:
-            error = trial.get_error()
-            message = _last_line(str(error)) if error is not None else None
-        except Exception:  # the error file may be gone; the status is what matters
-            message = None
-        self._pending.append((trial.trial_id, dict(trial.last_result or {}), True, message))
+        self._pending.append(
+            (trial.trial_id, dict(trial.last_result or {}), True, _error_message(trial))
+        )
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
         if self._pending:
@@ -374,6 +371,20 @@ class StudyWatch:
         state["reason"] = None
         state["_last"] = -math.inf
         return state
+
+
+def _error_message(trial: Any) -> str | None:
+    """The last line of a failed trial's error (Tune writes it next to the trial's results
+    before it calls ``on_trial_error``; the copy in the experiment directory comes later)."""
+    try:
+        path = trial.error_file
+        if path and os.path.exists(path):
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                return _last_line(fh.read())
+        error = trial.get_error()
+        return None if error is None else _last_line(str(error))
+    except Exception:  # the reason is a courtesy; the failed status is what matters
+        return None
 
 
 def _sync_experiment_state(trials: Any) -> None:

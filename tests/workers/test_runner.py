@@ -229,3 +229,33 @@ def test_a_cancel_request_stops_the_study(
     trials = store.list_trials(study.id).items
     assert 1 <= len(trials) < 20
     assert all(t.status is not TrialStatus.RUNNING for t in trials)
+
+
+def test_failing_trials_are_persisted_as_failed_and_the_study_goes_on(
+    ray_session: None, sqlite_url: str, tmp_path: Path
+) -> None:
+    spec = StudySpec.from_yaml(
+        "task: digits\nschedule: {total_epochs: 2}\nbaselines: false\n"
+        "budget: {trials: 2, max_failures: 0}"
+    )
+    store = StudyStore(sqlite_url, create=True)
+    study = store.create_study(spec.task, spec.to_dict(), spec.budget.trials)
+    assert store.claim_study("worker-f", stale_after_s=60) is not None
+    # An invalid trial config makes every trial's setup raise in its Ray actor.
+    result = run_study(
+        store,
+        study.id,
+        worker_id="worker-f",
+        storage_path=tmp_path / "ray",
+        trial_config={"eval_batch_size": 0},
+    )
+    trials = store.list_trials(study.id).items
+    assert [t.number for t in trials] == [0, 1]
+    for trial in trials:
+        assert trial.status is TrialStatus.FAILED
+        assert "eval_batch_size" in (trial.stop_reason or "")
+    assert result.status is StudyStatus.COMPLETED
+    record = store.get_study(study.id)
+    assert record.summary is not None
+    assert record.summary["best"] is None
+    assert record.summary["note"] == "no trial completed its run; there is no result"
