@@ -389,7 +389,8 @@ def comparison_rows(study: StudyRecord, trials: Iterable[TrialRecord]) -> list[d
     with ``vs_best`` (accuracy difference best - baseline, and best / baseline ratios of
     steps, wall time and mean batch). From the study summary when the engine wrote one,
     else from the trials themselves (while the study runs); without a best trial yet, the
-    finished baselines alone (``vs_best`` ``None``)."""
+    finished baselines alone (``vs_best`` ``None``). A baseline that is the best trial is
+    only the best row."""
     summary = study.summary or {}
     best_doc = summary.get("best")
     baselines_doc = summary.get("baselines")
@@ -414,8 +415,10 @@ def comparison_rows(study: StudyRecord, trials: Iterable[TrialRecord]) -> list[d
         best = _comparison_row(trial_row(best_trial), "best")
     rows = [best]
     for base in bases:
+        if base["number"] == best["number"]:
+            continue  # the best is this baseline: its row says so
         base["vs_best"] = _compare(best, base)
-        base["is_best"] = base["number"] == best["number"]
+        base["is_best"] = False
         rows.append(base)
     best["is_best"] = True
     return rows

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import random
 import socket
@@ -386,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": args.runs,
         "machine": f"{platform.machine()}, {platform.python_implementation()} "
         f"{platform.python_version()}, SQLite",
+        "load_average": [round(x, 1) for x in os.getloadavg()],
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
     }
     print(json.dumps(result, indent=2))
@@ -406,9 +408,17 @@ def save(result: dict[str, Any]) -> None:
         f"{result['trials']:,} trials x {result['epochs']} epochs",
         "",
         f"`python bench/dashboard_load.py` on {result['date']} ({result['machine']}; the "
-        "server and the client share the machine's 2 CPU cores). "
-        f"{result['metric_rows']:,} per-epoch metric rows; the study page embeds every trial "
-        "row and learning curve, so one request is all it needs to draw.",
+        "server, the client and Chromium share the machine's 2 CPU cores with other work: "
+        f"load average {' / '.join(map(str, result['load_average']))} over 1 / 5 / 15 min "
+        "at the end of the run). "
+        f"{result['metric_rows']:,} per-epoch metric rows"
+        + (
+            f", built through the store in {result['build_s']:.0f} s"
+            if result["build_s"] is not None
+            else " (database built by an earlier run)"
+        )
+        + "; the study page embeds every trial row and learning curve, so one request is all "
+        "it needs to draw.",
         "",
         "| what | time |",
         "|---|---|",
@@ -418,8 +428,10 @@ def save(result: dict[str, Any]) -> None:
         f"| same, slowest warm run | {result['html_data_max_s']:.3f} s |",
         f"| page size | {result['html_bytes'] / 1e6:.2f} MB, "
         f"{result['html_gzip_bytes'] / 1e6:.2f} MB gzip |",
-        f"| data endpoint (what the page polls while a study runs) | {result['data_s']:.3f} s |",
-        f"| parameter importance (fANOVA, cold) | {result['importance_s']:.3f} s |",
+        f"| data endpoint, all of it (polls while a study runs ask only for changes) "
+        f"| {result['data_s']:.3f} s |",
+        f"| parameter importance (PED-ANOVA over the Optuna study, first request) "
+        f"| {result['importance_s']:.3f} s |",
     ]
     if b:
         lines += [

@@ -9,7 +9,6 @@
   var COLORS = {
     best: "#1d4ed8",
     picked: "#db2777",
-    trial: "rgba(100, 116, 139, 0.30)",
     trialPoint: "rgba(71, 85, 105, 0.55)",
     running: "rgba(14, 165, 233, 0.85)",
     diverged: "rgba(220, 38, 38, 0.6)",
@@ -66,7 +65,8 @@
     return sec + "s";
   }
   function fmtBatch(v) {
-    return isNum(v) ? (Math.abs(v - Math.round(v)) < 0.05 ? fmtInt(v) : v.toFixed(1)) : "—";
+    if (!isNum(v)) return "—";
+    return Math.abs(v - Math.round(v)) < 0.05 || v >= 1000 ? fmtInt(v) : v.toFixed(1);
   }
   function fmtObjective(v, name) {
     if (!isNum(v)) return "—";
@@ -81,6 +81,12 @@
     var time = d.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" });
     if (sameDayAs && new Date(sameDayAs).toDateString() === d.toDateString()) return time;
     return d.toLocaleDateString(undefined, { month: "short", day: "numeric" }) + " " + time;
+  }
+  function fmtSummary(summary) {
+    // "64@0-3 -> 256@3-8": lines may break between stages, never inside one
+    return String(summary || "").split(" -> ").map(function (stage) {
+      return '<span class="stage">' + esc(stage) + "</span>";
+    }).join(" -&gt; ");
   }
   function capitalize(text) {
     return text ? text.charAt(0).toUpperCase() + text.slice(1) : text;
@@ -242,7 +248,7 @@
     var best = st.best_trial_number != null ? S.trials.get(st.best_trial_number) : null;
     var bestText = best
       ? " The best schedule is trial #" + best.number + (best.baseline ? " (" + baselineLabel(best.baseline) + " baseline)" : "") +
-        ": <code>" + esc(best.summary || "") + "</code>, " + esc(fmtObjective(st.best_value, objectiveName())) + "."
+        ": <code>" + fmtSummary(best.summary) + "</code>, " + esc(fmtObjective(st.best_value, objectiveName())) + "."
       : "";
     var html = null, kind = st.status;
     if (st.status === "completed") {
@@ -304,7 +310,7 @@
     var bestLabel = name === "val_accuracy" ? "Best val accuracy" : "Best objective";
     cards.push(
       kpi(bestLabel, isNum(st.best_value) ? esc(fmtObjective(st.best_value, name)) : "—",
-        best ? "trial #" + best.number + " · <code>" + esc(best.summary || "") + "</code>" :
+        best ? "trial #" + best.number + " · <code>" + fmtSummary(best.summary) + "</code>" :
           "no completed trial yet", "kpi-best")
     );
     var rows = S.comparison.filter(function (r) { return r.role === "baseline" && r.vs_best; });
@@ -333,7 +339,7 @@
       '%"></div><div class="progress-running" style="width:' + Math.min(100, 100 * st.trials_running / budget) + '%"></div></div>'));
     cards.push(kpi("Elapsed", '<span id="elapsed-value">' + esc(fmtDuration(elapsedNow())) + "</span>",
       st.started_at ? esc(fmtTime(st.started_at)) + (st.finished_at ? " → " + esc(fmtTime(st.finished_at, st.started_at)) : " → now") +
-        (st.worker_id ? " · worker <code>" + esc(st.worker_id) + "</code>" : "") : "not started yet", "kpi-elapsed"));
+        (st.worker_id ? " · worker <code class=\"stage\">" + esc(st.worker_id) + "</code>" : "") : "not started yet", "kpi-elapsed"));
     el("kpis").innerHTML = cards.join("");
   }
   function kpi(label, value, sub, id, extra) {
@@ -395,7 +401,11 @@
         hovertemplate: "trial #%{customdata}<br>epoch %{x}: %{y:.2%}<extra></extra>",
       };
     }
-    if (groups.trial.length) traces.push(merged(groups.trial, "tuned trials", { color: COLORS.trial, width: 1.2 }, 900));
+    if (groups.trial.length) {
+      // fainter as they get many, so a thousand curves stay a readable band
+      var alpha = Math.max(0.06, Math.min(0.3, 0.3 * Math.sqrt(40 / groups.trial.length)));
+      traces.push(merged(groups.trial, "tuned trials", { color: "rgba(100, 116, 139, " + alpha.toFixed(3) + ")", width: 1.2 }, 900));
+    }
     if (groups.running.length) traces.push(merged(groups.running, "running", { color: COLORS.running, width: 1.6, dash: "dot" }, 800));
     if (groups.diverged.length) traces.push(merged(groups.diverged, "diverged / failed", { color: COLORS.diverged, width: 1.2, dash: "dot" }, 850));
     if (stoppedEnds.x.length) {
@@ -643,7 +653,7 @@
       return;
     }
     var canDownload = t.status !== "running";
-    box.innerHTML = '<span class="muted">trial #' + t.number + " · <code>" + esc(t.summary || "") + "</code></span>" +
+    box.innerHTML = '<span class="muted">trial #' + t.number + " · <code>" + fmtSummary(t.summary) + "</code></span>" +
       (canDownload
         ? '<a class="button button-small" id="download-picked" href="' + esc(trialYaml(t.number)) + '" download>Download YAML</a>'
         : '<span class="muted">(running: YAML once it finishes)</span>');
@@ -687,7 +697,7 @@
       }
       return '<tr class="' + (isBestRow ? "row-best" : "") + '" data-role="' + r.role + '" data-number="' + esc(r.number) + '">' +
         '<td><span class="swatch" style="background:' + color + '"></span>' + esc(label) +
-        '<div class="muted small"><code>' + esc(r.summary || "") + "</code></div></td>" +
+        '<div class="muted small"><code>' + fmtSummary(r.summary) + "</code></div></td>" +
         cell(fmtPct(r.val_accuracy), v.accuracy_delta != null ? "best " + deltaText(v.accuracy_delta) : "") +
         cell(fmtInt(r.steps), ratioText(v.steps_ratio, "")) +
         cell(fmtDuration(r.wall_time_s), ratioText(v.wall_time_ratio, "")) +
@@ -792,7 +802,7 @@
         '<td><span class="trial-num">' + t.number + "</span>" + tags + "</td>" +
         '<td><span class="badge badge-' + esc(t.status) + '">' + (t.status === "running" ? '<span class="dot"></span>' : "") + esc(t.status) + "</span></td>" +
         '<td class="reason" title="' + esc(t.stop_reason || "") + '">' + esc(t.stop_reason || "") + "</td>" +
-        '<td class="schedule">' + esc(t.summary || "invalid schedule") + "</td>" +
+        '<td class="schedule">' + (t.summary ? fmtSummary(t.summary) : "invalid schedule") + "</td>" +
         '<td class="num" data-value="' + (isNum(t.val_accuracy) ? t.val_accuracy : "") + '">' + fmtPct(t.val_accuracy) + "</td>" +
         '<td class="num">' + fmtInt(t.steps) + "</td>" +
         '<td class="num">' + fmtDuration(t.wall_time_s) + "</td>" +

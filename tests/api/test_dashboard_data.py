@@ -229,6 +229,9 @@ def test_comparison_from_trials_while_running() -> None:
     assert small["steps_ratio"] == pytest.approx(0.25)
     assert small["wall_time_ratio"] == pytest.approx(0.4)
     assert small["mean_batch_size_ratio"] == pytest.approx(4.0)
+    # A baseline that is the best: one row, the best one.
+    rows = dd.comparison_rows(study(best_trial_number=0), trials)
+    assert [(r["role"], r["number"]) for r in rows] == [("best", 0), ("baseline", 1)]
     # Before any best trial: the finished baselines, nothing to compare with.
     rows = dd.comparison_rows(study(), trials)
     assert [r["number"] for r in rows] == [0, 1]
