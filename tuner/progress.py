@@ -311,7 +311,12 @@ class StoreProgress(tune.Callback):
 
     def _update_best(self) -> None:
         try:
-            records = self.store.list_trials(self.study_id, limit=1000).items
+            records: list[TrialRecord] = []
+            while True:
+                page = self.store.list_trials(self.study_id, limit=1000, offset=len(records))
+                records.extend(page.items)
+                if not page.has_more:
+                    break
             outcomes = [outcome_of_record(r, self.objective, self.train_size) for r in records]
             best, _ = select_best(outcomes, self.objective)
             if best is None or best.values is None:
