@@ -121,10 +121,39 @@ TAKEOVER_LIVELOCK = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=TAKEOVER_LIVELOCK)
+FRESH_EXPERIMENT_OVERRUNS = (
+    "tuner/engine.py: a worker that cannot restore the experiment directory (another host, "
+    "local STAGETUNE_DATA_DIR) starts a fresh Tune experiment with num_samples = the whole "
+    "budget, ignoring the trials already stored: the study ends with 8 trials for a budget "
+    "of 6, and the seeded sampler replays its sequence, so new trials retrain the exact "
+    "schedules of trials 0 and 1. Fix: on a fresh start of a study that has trials, run "
+    "only budget - finished trials, number them from next_trial_number, and tell the "
+    "sampler the stored results (or refuse the take-over with a clear error naming the "
+    "missing experiment directory and require shared Ray storage)"
+)
+
+
+@pytest.mark.parametrize(
+    "shared_storage",
+    [
+        pytest.param(
+            True,
+            id="shared-ray-storage",
+            marks=pytest.mark.xfail(strict=True, reason=TAKEOVER_LIVELOCK),
+        ),
+        pytest.param(
+            False,
+            id="other-host-storage",
+            marks=pytest.mark.xfail(strict=True, reason=FRESH_EXPERIMENT_OVERRUNS),
+        ),
+    ],
+)
 def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
-    ray_session: None, sqlite_url: str, tmp_path: Path
+    ray_session: None, sqlite_url: str, tmp_path: Path, shared_storage: bool
 ) -> None:
+    """``shared_storage``: the second worker sees the first one's Ray Tune experiment
+    directory (same host, or shared storage); without it (another host, local disks) it
+    cannot restore the experiment and must still finish the study from the database."""
     import ray
 
     address = ray.get_runtime_context().gcs_address
@@ -162,10 +191,12 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
         assert store.get_trial(study_id, killed_running).status is TrialStatus.RUNNING
 
         # A standing dispatcher: it finds nothing to claim until the heartbeat is 3 s old.
+        second_dir = data_dir if shared_storage else tmp_path / "other-host" / "data"
+        second_dir.mkdir(parents=True, exist_ok=True)
         second = start_worker(
             sqlite_url,
             "w-second",
-            data_dir,
+            second_dir,
             address,
             tmp_path / "w2.log",
             3,
