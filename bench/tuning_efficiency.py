@@ -242,11 +242,79 @@ def _markdown(data: dict[str, Any]) -> str:
             ],
             rows,
         ),
+        ""
+        if data.get("complete", True)
+        else f"\n**Partial**: seeds {cfg['seeds']} finished; the run was cut short.\n",
         f"\nRatio (TPE + ASHA / random): {data['ratio']:.2f}; target <= 0.5: "
         f"{'met' if data['target_met'] else 'NOT met'}.\n",
         f"\nMachine: {data['machine']}\n",
     ]
     return "".join(out)
+
+
+def report(
+    studies: list[dict[str, Any]],
+    args: argparse.Namespace,
+    budget: int,
+    max_steps: int | None,
+    small_steps: int,
+    started: float,
+    stem: str,
+    complete: bool,
+) -> dict[str, Any]:
+    """Aggregate the studies so far and write JSON, markdown and PNG (after every seed, so an
+    interrupted run leaves the seeds it finished)."""
+    bests = [s["best_within_budget"] for s in studies if s["best_within_budget"] is not None]
+    best_known = max(bests) if bests else 0.0
+    threshold = best_known - args.tolerance
+    methods: dict[str, dict[str, Any]] = {}
+    for s in studies:
+        s["epochs_to_reach"] = epochs_to_reach(s["curve"], threshold, budget)
+    for method in METHODS:
+        mine = [s for s in studies if s["method"] == method]
+        reach = [budget if s["epochs_to_reach"] is None else s["epochs_to_reach"] for s in mine]
+        methods[method] = {
+            "epochs_to_reach": [s["epochs_to_reach"] for s in mine],
+            "epochs_to_reach_mean": mean_std(reach)[0],
+            "not_reached": sum(s["epochs_to_reach"] is None for s in mine),
+            "trial_epochs_total_mean": mean_std([s["trial_epochs_total"] for s in mine])[0],
+            "best_mean": mean_std([s["best_within_budget"] or 0.0 for s in mine])[0],
+        }
+    tpe_e = methods["tpe_asha"]["epochs_to_reach_mean"]
+    rnd_e = methods["random"]["epochs_to_reach_mean"]
+    ratio = tpe_e / rnd_e if rnd_e else math.inf
+    data: dict[str, Any] = {
+        "config": {
+            "task": args.task,
+            "epochs": args.epochs,
+            "seeds": sorted({s["seed"] for s in studies}),
+            "random_trials": args.random_trials,
+            "tpe_trials": args.tpe_trials,
+            "grace": args.grace,
+            "concurrent": args.concurrent,
+            "max_steps": max_steps,
+            "small_batch_steps": small_steps,
+            "budget_trial_epochs": budget,
+            "tolerance": args.tolerance,
+            "smoke": args.smoke,
+        },
+        "complete": complete,
+        "best_known": best_known,
+        "threshold": threshold,
+        "methods": methods,
+        "ratio": ratio,
+        "target_met": ratio <= 0.5,
+        "studies": studies,
+        "machine": machine_info(),
+        "total_wall_time_s": time.perf_counter() - started,
+    }
+    line = f"efficiency tpe_asha_epochs={tpe_e:.1f} random_epochs={rnd_e:.1f} ratio={ratio:.2f}"
+    data["summary_line"] = line
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    write_json(args.results_dir / f"{stem}.json", data)
+    (args.results_dir / f"{stem}.md").write_text(_markdown(data), "utf-8")
+    _plot(studies, threshold, best_known, budget, args.results_dir / f"{stem}.png")
+    return data
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -263,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tolerance", type=float, default=0.005)
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--smoke", action="store_true", help="digits, 2 epochs, 1 seed, 3 trials")
+    parser.add_argument("--tag", default="", help="output name suffix (variant runs)")
     args = parser.parse_args(argv)
     if args.smoke:
         if args.task == "mnist1d":
@@ -271,6 +340,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.random_trials = args.tpe_trials = 3
         args.grace, args.batch_max, args.steps_fraction = 1, 128, 0.0
     stem = "tuning_efficiency_smoke" if args.smoke else "tuning_efficiency"
+    if args.tag:
+        stem += f"_{args.tag}"
     started = time.perf_counter()
 
     from tuner.schedule import Schedule
@@ -331,57 +402,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 f"{100 * (best_in or 0):.2f}% within budget, {run.wall_time_s:.0f} s",
                 flush=True,
             )
-    bests = [s["best_within_budget"] for s in studies if s["best_within_budget"] is not None]
-    best_known = max(bests) if bests else 0.0
-    threshold = best_known - args.tolerance
-    methods: dict[str, dict[str, Any]] = {}
-    for s in studies:
-        s["epochs_to_reach"] = epochs_to_reach(s["curve"], threshold, budget)
-    for method in METHODS:
-        mine = [s for s in studies if s["method"] == method]
-        reach = [budget if s["epochs_to_reach"] is None else s["epochs_to_reach"] for s in mine]
-        methods[method] = {
-            "epochs_to_reach": [s["epochs_to_reach"] for s in mine],
-            "epochs_to_reach_mean": mean_std(reach)[0],
-            "not_reached": sum(s["epochs_to_reach"] is None for s in mine),
-            "trial_epochs_total_mean": mean_std([s["trial_epochs_total"] for s in mine])[0],
-            "best_mean": mean_std([s["best_within_budget"] or 0.0 for s in mine])[0],
-        }
-    tpe_e = methods["tpe_asha"]["epochs_to_reach_mean"]
-    rnd_e = methods["random"]["epochs_to_reach_mean"]
-    ratio = tpe_e / rnd_e if rnd_e else math.inf
-    data: dict[str, Any] = {
-        "config": {
-            "task": args.task,
-            "epochs": args.epochs,
-            "seeds": list(range(args.seeds)),
-            "random_trials": args.random_trials,
-            "tpe_trials": args.tpe_trials,
-            "grace": args.grace,
-            "concurrent": args.concurrent,
-            "max_steps": max_steps,
-            "small_batch_steps": small_steps,
-            "budget_trial_epochs": budget,
-            "tolerance": args.tolerance,
-            "smoke": args.smoke,
-        },
-        "best_known": best_known,
-        "threshold": threshold,
-        "methods": methods,
-        "ratio": ratio,
-        "target_met": ratio <= 0.5,
-        "studies": studies,
-        "machine": machine_info(),
-        "total_wall_time_s": time.perf_counter() - started,
-    }
-    line = f"efficiency tpe_asha_epochs={tpe_e:.1f} random_epochs={rnd_e:.1f} ratio={ratio:.2f}"
-    data["summary_line"] = line
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    write_json(args.results_dir / f"{stem}.json", data)
-    (args.results_dir / f"{stem}.md").write_text(_markdown(data), "utf-8")
-    _plot(studies, threshold, best_known, budget, args.results_dir / f"{stem}.png")
+            if method == METHODS[-1]:
+                report(studies, args, budget, max_steps, small_steps, started, stem, False)
+    data = report(studies, args, budget, max_steps, small_steps, started, stem, True)
     print(_markdown(data))
-    print(line, flush=True)
+    print(data["summary_line"], flush=True)
     return data
 
 
