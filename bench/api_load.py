@@ -39,6 +39,7 @@ import multiprocessing
 import os
 import platform
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -551,15 +552,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-writer", action="store_true")
     parser.add_argument("--target-ms", type=float, default=100.0)
     parser.add_argument("--check-target", action="store_true", help="exit 1 if p99 > target")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="writes OUT.json, OUT.md")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="writes OUT.json and OUT.md (OUT as given)"
+    )
     parser.add_argument("--smoke", action="store_true", help="a small, short run (CI)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep-data", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
     if args.smoke:
         args.trials, args.metrics, args.studies, args.api_sample = 200, 2000, 5, 10
         args.duration, args.concurrency, args.max_requests = 1.5, 4, 2000
 
     tmp = Path(tempfile.mkdtemp(prefix="stagetune-api-load-"))
+    try:
+        return _run(args, tmp)
+    finally:
+        if args.keep_data:
+            print(f"data kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, tmp: Path) -> int:
     url = args.database_url or f"sqlite:///{tmp / 'bench.db'}"
     backend = "PostgreSQL" if url.startswith("postgres") else "SQLite (WAL)"
     started_at = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -663,8 +677,9 @@ def main(argv: list[str] | None = None) -> int:
         "failures": failures,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(render_markdown(result))
+    json_path = args.out.parent / f"{args.out.name}.json"
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    (args.out.parent / f"{args.out.name}.md").write_text(render_markdown(result))
     print(
         f"api_load rps={summary['rps']} p50_ms={summary['p50_ms']} p99_ms={summary['p99_ms']}",
         flush=True,
