@@ -78,13 +78,14 @@ templates.env.filters["duration"] = dd.format_duration
 # -- static assets ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Asset:
     body: bytes
-    gzipped: bytes | None
     media_type: str
     etag: str
     version: str
+    gzipped: bytes | None = None
+    """Compressed on the first request that accepts gzip (pages only need the version)."""
 
 
 _assets: dict[str, _Asset] = {}
@@ -110,10 +111,17 @@ def _load_asset(name: str) -> _Asset:
             path, media_type = STATIC_DIR / name, _OWN_ASSETS[name]
         body = path.read_bytes()
         version = hashlib.blake2b(body, digest_size=8).hexdigest()
-        packed = gzip.compress(body, 6, mtime=0) if len(body) >= _GZIP_MIN_BYTES else None
-        asset = _Asset(body, packed, media_type, f'"{version}"', version)
+        asset = _Asset(body, media_type, f'"{version}"', version)
         _assets[name] = asset
         return asset
+
+
+def _gzipped_asset(name: str) -> bytes:
+    asset = _load_asset(name)
+    with _assets_lock:
+        if asset.gzipped is None:
+            asset.gzipped = gzip.compress(asset.body, 6, mtime=0)
+        return asset.gzipped
 
 
 def asset_url(name: str) -> str:
@@ -166,9 +174,10 @@ async def dashboard_asset(request: Request, name: str) -> Response:
     headers = {"ETag": asset.etag, "Cache-Control": _IMMUTABLE if versioned else _REVALIDATE}
     if _etag_matches(request, asset.etag):
         return Response(status_code=304, headers=headers)
-    return _body_response(
-        request, asset.body, asset.media_type, headers=headers, gzipped=asset.gzipped
-    )
+    packed = None
+    if _accepts_gzip(request) and len(asset.body) >= _GZIP_MIN_BYTES:
+        packed = await run_in_threadpool(_gzipped_asset, name)
+    return _body_response(request, asset.body, asset.media_type, headers=headers, gzipped=packed)
 
 
 def _render(

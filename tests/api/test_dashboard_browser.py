@@ -33,9 +33,17 @@ from tuner.spec import StudySpec, TaskDefaults
 from tuner.store import StudyStore, TrialRecord, TrialStatus
 from tuner.store.migrate import upgrade
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
 CHROMIUM = Path("/usr/bin/chromium")
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason=f"Chromium is not installed at {CHROMIUM} (apt-get install chromium; "
+        "`make test` does it when run as root)",
+    ),
+]
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -408,8 +416,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -495,9 +501,7 @@ def _front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 # -- tests -----------------------------------------------------------------------------------------
 
 
-def test_studies_page_lists_both_studies_with_status_and_progress(
-    server: Server, page: Any
-) -> None:
+def test_studies_page_lists_studies_and_refreshes_itself(server: Server, page: Any) -> None:
     page.goto(server.base_url + "/")
     finished = page.locator(f'tr[data-study-id="{server.seeded.finished_id}"]')
     running = page.locator(f'tr[data-study-id="{server.seeded.running_id}"]')
@@ -509,6 +513,22 @@ def test_studies_page_lists_both_studies_with_status_and_progress(
     best_acc = max(p.curve[-1] for p in server.seeded.plans if p.status is TrialStatus.COMPLETED)
     assert f"{best_acc * 100:.2f}%" in finished.locator(".best-cell").inner_text()
     assert "Live" in page.locator("#live-indicator").inner_text()
+
+    # The running study's trial 3 finishes: the page refreshes itself (no reload).
+    page.evaluate("window.__marker = 'same page'")
+    with StudyStore(server.db_url) as store:
+        trial = store.get_trial(server.seeded.running_id, 3)
+        store.finish_trial(trial.id, "stopped", stop_reason="stopped early after 2 of 12 epochs")
+    page.wait_for_function(
+        "id => document.querySelector(`tr[data-study-id='${id}'] .progress-text`)"
+        ".textContent.includes('4 / 12')",
+        arg=server.seeded.running_id,
+        timeout=10_000,
+    )
+    assert page.evaluate("window.__marker") == "same page"
+    progress = page.locator(f'tr[data-study-id="{server.seeded.running_id}"] td.col-progress')
+    assert "running" not in progress.inner_text()
+    finished = page.locator(f'tr[data-study-id="{server.seeded.finished_id}"]')
     finished.locator("a.study-link").click()
     page.wait_for_url(f"**/studies/{server.seeded.finished_id}")
     assert page.locator("#study-name").inner_text() == "resnet18-cifar10"
