@@ -48,7 +48,7 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialSch
 from ray.tune.stopper import Stopper
 
 from tuner.baselines import Baseline, build_baselines
-from tuner.engine_search import ScheduleSearcher, TrialMeta
+from tuner.engine_search import LIVE_RUNS, LiveRun, PriorTrial, ScheduleSearcher, TrialMeta
 from tuner.errors import StagetuneError, ValidationError
 from tuner.objectives import StudyObjective, TrialOutcome, summarize, trial_status
 from tuner.schedule import Schedule
@@ -58,6 +58,7 @@ from tuner.spec import AccuracyObjective, ResolvedSpec
 __all__ = [
     "EngineResult",
     "ProtectedASHA",
+    "RelayCallback",
     "RunStopper",
     "TuningEngine",
     "concurrency_for",
@@ -76,22 +77,107 @@ CHECKPOINT_PERIOD_ENV: Final = "TUNE_GLOBAL_CHECKPOINT_S"
 
 class RunStopper(Stopper):
     """Stops a trial once its run is complete (all epochs, or the target accuracy), and the
-    experiment when ``should_stop()`` returns true (polled by Tune every controller step)."""
+    experiment when the live run's ``should_stop()`` returns true (polled by Tune every
+    controller step). It is pickled into the experiment directory, so it holds only the
+    experiment's key and finds ``should_stop`` in :data:`~tuner.engine_search.LIVE_RUNS`
+    (a restored experiment thus polls the *current* process's watch); ``should_stop`` given
+    directly is for tests."""
 
     def __init__(
-        self, objective: StudyObjective, should_stop: Callable[[], bool] | None = None
+        self,
+        objective: StudyObjective,
+        should_stop: Callable[[], bool] | None = None,
+        *,
+        live_key: str | None = None,
     ) -> None:
         self._objective = objective
         self._should_stop = should_stop
+        self._live_key = live_key
         self.stopped_all = False
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
         return self._objective.is_finished_run(result) or bool(result.get("diverged"))
 
     def stop_all(self) -> bool:
-        if self._should_stop is not None and not self.stopped_all and self._should_stop():
+        check = self._should_stop
+        live = LIVE_RUNS.get(self._live_key or "")
+        if live is not None:
+            check = live.should_stop
+        if check is not None and not self.stopped_all and check():
             self.stopped_all = True
         return self.stopped_all
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["stopped_all"] = False
+        if self._live_key is not None:
+            state["_should_stop"] = None
+        return state
+
+
+class RelayCallback(tune.Callback):
+    """The one callback pickled into the experiment: it hands every hook to the callbacks the
+    current process registered for the experiment (:data:`~tuner.engine_search.LIVE_RUNS`),
+    so a restored experiment persists and reports through the live store and display, not
+    through the objects of the process that started it."""
+
+    def __init__(self, live_key: str) -> None:
+        self.live_key = live_key
+
+    def _each(self, hook: str, info: dict[str, Any]) -> None:
+        live = LIVE_RUNS.get(self.live_key)
+        for callback in live.callbacks if live is not None else ():
+            getattr(callback, hook)(**info)
+
+    def setup(
+        self,
+        stop: Stopper | None = None,
+        num_samples: int | None = None,
+        total_num_samples: int | None = None,
+        **info: Any,
+    ) -> None:
+        self._each(
+            "setup",
+            {
+                "stop": stop,
+                "num_samples": num_samples,
+                "total_num_samples": total_num_samples,
+                **info,
+            },
+        )
+
+    def on_step_begin(self, **info: Any) -> None:  # type: ignore[override]
+        self._each("on_step_begin", info)
+
+    def on_step_end(self, **info: Any) -> None:  # type: ignore[override]
+        self._each("on_step_end", info)
+
+    def on_trial_start(self, **info: Any) -> None:  # type: ignore[override]
+        self._each("on_trial_start", info)
+
+    def on_trial_restore(self, **info: Any) -> None:  # type: ignore[override]
+        self._each("on_trial_restore", info)
+
+    def on_trial_save(self, **info: Any) -> None:  # type: ignore[override]
+        self._each("on_trial_save", info)
+
+    def on_trial_result(self, **info: Any) -> None:  # type: ignore[override]
+        self._each("on_trial_result", info)
+
+    def on_trial_complete(self, **info: Any) -> None:  # type: ignore[override]
+        self._each("on_trial_complete", info)
+
+    def on_trial_recover(self, **info: Any) -> None:  # type: ignore[override]
+        self._each("on_trial_recover", info)
+
+    def on_trial_error(self, **info: Any) -> None:  # type: ignore[override]
+        self._each("on_trial_error", info)
+
+    def on_checkpoint(self, **info: Any) -> None:  # type: ignore[override]
+        self._each("on_checkpoint", info)
+
+    def on_experiment_end(self, **info: Any) -> None:  # type: ignore[override]
+        self._each("on_experiment_end", info)
 
 
 class ProtectedASHA(AsyncHyperBandScheduler):
@@ -252,10 +338,13 @@ class TuningEngine:
         optuna_study_name: the Optuna study's name in that storage.
         train_size: training samples of the task (needed for step / mean-batch constraints and
             to check that batches fit the dataset).
-        callbacks: extra Tune callbacks (progress persistence, display). They are pickled
-            into the experiment directory, so they must be picklable.
-        should_stop: polled every controller step; true stops the experiment (cancel). Must
-            be picklable.
+        callbacks: Tune callbacks (progress persistence, display); they stay in this process
+            (a relay is what the experiment directory holds), also for a restored experiment.
+        should_stop: polled every controller step; true stops the experiment (cancel).
+        prior_trials: the trials the study's database already holds (a resumed or taken
+            over study): finished ones count towards the budget and are not run again,
+            unfinished ones run again with the same number and schedule. This also lets a
+            worker without the experiment directory (another host) finish the study.
         max_concurrent: trials at once; default: the spec's, else what the cluster fits.
         trial_config: extra keys for every trial's config (e.g. data loader settings).
     """
@@ -274,8 +363,10 @@ class TuningEngine:
         should_stop: Callable[[], bool] | None = None,
         max_concurrent: int | None = None,
         trial_config: Mapping[str, Any] | None = None,
+        prior_trials: Sequence[PriorTrial] = (),
     ) -> None:
         self.resolved = resolved
+        self.prior_trials = tuple(prior_trials)
         self.trainable = trainable
         self.storage_path = Path(storage_path).resolve()
         self.experiment_name = experiment_name
@@ -369,7 +460,15 @@ class TuningEngine:
             seed=spec.seed,
             startup_trials=spec.budget.startup_trials,
             train_size=self.train_size,
+            budget=self.budget,
+            live_key=self.live_key,
+            prior=self.prior_trials,
         )
+
+    @property
+    def live_key(self) -> str:
+        """This experiment's key in :data:`~tuner.engine_search.LIVE_RUNS`."""
+        return str(self.experiment_path)
 
     def make_scheduler(self) -> TrialScheduler:
         budget = self.resolved.spec.budget
@@ -399,8 +498,8 @@ class TuningEngine:
         run_config = tune.RunConfig(
             name=self.experiment_name,
             storage_path=str(self.storage_path),
-            callbacks=self.callbacks,
-            stop=RunStopper(self.objective, self.should_stop),
+            callbacks=[RelayCallback(self.live_key)],
+            stop=RunStopper(self.objective, live_key=self.live_key),
             failure_config=tune.FailureConfig(max_failures=self.resolved.spec.budget.max_failures),
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
             verbose=0,
@@ -408,7 +507,9 @@ class TuningEngine:
         tune_config = tune.TuneConfig(
             search_alg=self.make_searcher(),
             scheduler=self.make_scheduler(),
-            num_samples=self.budget,
+            # Trials the database holds as finished are not run again (a study taken over
+            # without its experiment directory).
+            num_samples=max(1, self.budget - sum(1 for p in self.prior_trials if p.finished)),
             max_concurrent_trials=self.concurrency(),
             reuse_actors=True,
             trial_dirname_creator=_trial_dirname,
@@ -428,12 +529,18 @@ class TuningEngine:
         if not ray.is_initialized():
             ray.init(log_to_driver=False)  # local Ray, or the cluster RAY_ADDRESS names
         self.storage_path.mkdir(parents=True, exist_ok=True)
-        with _checkpoint_every_step():
-            tuner, resumed = self._tuner()
-            try:
-                grid = tuner.fit()
-            except tune.TuneError as exc:
-                raise StagetuneError(f"the tuning experiment failed: {exc}") from exc
+        LIVE_RUNS[self.live_key] = LiveRun(
+            callbacks=list(self.callbacks), should_stop=self.should_stop, prior=self.prior_trials
+        )
+        try:
+            with _checkpoint_every_step():
+                tuner, resumed = self._tuner()
+                try:
+                    grid = tuner.fit()
+                except tune.TuneError as exc:
+                    raise StagetuneError(f"the tuning experiment failed: {exc}") from exc
+        finally:
+            LIVE_RUNS.pop(self.live_key, None)
         outcomes: list[TrialOutcome] = []
         # Tune's own trial records (a ``Result`` of a trial that never reported lacks its
         # config); read back from the experiment directory, as a restore would.
@@ -457,6 +564,11 @@ class TuningEngine:
             )
             if outcome is not None:
                 outcomes.append(outcome)
+        # Trials the database holds as finished are the study's record of them (a worker
+        # without the experiment directory did not run them at all).
+        stored = {p.number: p.outcome for p in self.prior_trials if p.finished and p.outcome}
+        outcomes = [o for o in outcomes if o.number not in stored]
+        outcomes.extend(o for o in stored.values() if o is not None)
         outcomes.sort(key=lambda o: o.number)
         # The stopper Tune ran may be the one restored from the experiment directory, so ask
         # ``should_stop`` itself whether the run was cancelled.

@@ -31,8 +31,8 @@ from __future__ import annotations
 import logging
 import pickle
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import optuna
@@ -42,14 +42,23 @@ from ray.tune.search import Searcher
 
 from tuner.baselines import Baseline
 from tuner.errors import StagetuneError
-from tuner.objectives import StudyObjective
+from tuner.objectives import StudyObjective, TrialOutcome
 from tuner.schedule import Schedule
 from tuner.space import ScheduleSpace, constraint_violations
 
 if TYPE_CHECKING:
     from optuna.samplers import BaseSampler
 
-__all__ = ["MAX_DRAWS", "META_KEY", "ScheduleSearcher", "TrialMeta", "make_sampler"]
+__all__ = [
+    "LIVE_RUNS",
+    "MAX_DRAWS",
+    "META_KEY",
+    "LiveRun",
+    "PriorTrial",
+    "ScheduleSearcher",
+    "TrialMeta",
+    "make_sampler",
+]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +102,36 @@ class TrialMeta:
             optuna_trial=raw.get("optuna_trial"),
             optuna_trial_id=raw.get("optuna_trial_id"),
         )
+
+
+@dataclass(frozen=True)
+class PriorTrial:
+    """A trial the study's database already holds when the engine starts (a resumed or taken
+    over study). ``finished`` trials are never run again and count towards the budget; an
+    unfinished one (interrupted) is run again from its first epoch with the same number,
+    schedule and params."""
+
+    number: int
+    baseline: str | None
+    schedule: dict[str, Any]
+    params: dict[str, Any]
+    finished: bool
+    outcome: TrialOutcome | None = None
+
+
+@dataclass
+class LiveRun:
+    """What the process running an experiment provides to it: Tune pickles the searcher,
+    stopper and callbacks into the experiment directory and a restore brings those old
+    objects back, so they look up the current process's parts here by experiment path."""
+
+    callbacks: list[Any] = field(default_factory=list)
+    should_stop: Callable[[], bool] | None = None
+    prior: tuple[PriorTrial, ...] = ()
+
+
+#: Experiment path -> the live parts of the run in this process (see :class:`LiveRun`).
+LIVE_RUNS: dict[str, LiveRun] = {}
 
 
 def make_sampler(
@@ -150,8 +189,14 @@ class ScheduleSearcher(Searcher):
         startup_trials: int = 5,
         train_size: int | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
+        budget: int | None = None,
+        live_key: str | None = None,
+        prior: Sequence[PriorTrial] = (),
     ) -> None:
         super().__init__(metric=None, mode=None)
+        self._budget = budget
+        self._live_key = live_key
+        self._prior = tuple(prior)  # used when no live run is registered (tests)
         self._space = space
         self._objective = objective
         self._baselines = [(b.name, b.schedule.to_dict()) for b in baselines]
@@ -166,7 +211,9 @@ class ScheduleSearcher(Searcher):
         self._trials: dict[str, TrialMeta] = {}
         self._finished: set[str] = set()
         self._reported: dict[str, int] = {}  # trial id -> last epoch reported to Optuna
-        self._replay: list[tuple[int, int, int, dict[str, Any], dict[str, Any]]] | None = None
+        self._plan: list[int] | None = None  # holes to fill first (after a (re)start)
+        self._plan_tail = 0  # the next number after the holes
+        self._refill: dict[int, tuple[TrialMeta, dict[str, Any]]] = {}
         self._study: optuna.Study | None = None
         self._memory_storage: optuna.storages.BaseStorage | None = None
 
@@ -196,6 +243,16 @@ class ScheduleSearcher(Searcher):
                 directions=list(self._objective.directions),
                 load_if_exists=True,
             )
+            existing = len(self._study.get_trials(deepcopy=False))
+            if existing:
+                # A resumed study: a fresh sampler with the study's seed would draw the same
+                # sequence again (duplicate schedules); continue from a seed of its own.
+                self._study.sampler = make_sampler(
+                    self._sampler_name,
+                    seed=self._seed + existing,
+                    startup_trials=self._startup_trials,
+                    multi_objective=self._objective.is_multi,
+                )
             if "stagetune_objective" not in self._study.user_attrs:
                 self._study.set_user_attr("stagetune_objective", list(self._objective.names))
         return self._study
@@ -207,21 +264,28 @@ class ScheduleSearcher(Searcher):
     ) -> bool:
         return True  # the searcher brings its own space and objective
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+    def suggest(  # type: ignore[override]  # Ray types it Optional[Dict]; FINISHED is a str
+        self, trial_id: str
+    ) -> dict[str, Any] | str | None:
         if trial_id in self._trials:
             meta = self._trials[trial_id]
             raise StagetuneError(f"trial {trial_id} (number {meta.number}) was suggested twice")
-        if self._replay is None:
-            self._replay = self._orphans()
-        if self._replay:
-            number, ot_number, ot_id, replayed, params = self._replay.pop(0)
-            meta = TrialMeta(number, None, params, ot_number, ot_id)
-            self._next_number = max(self._next_number, number + 1)
-            return self._issue(trial_id, meta, replayed)
-        number = self._next_number
+        if self._plan is None:
+            self._plan = self._make_plan()
+        if self._plan:
+            number = self._plan.pop(0)
+        else:
+            number = self._plan_tail
+            self._plan_tail += 1
+        if self._budget is not None and number >= self._budget:
+            return str(Searcher.FINISHED)
+        self._next_number = max(self._next_number, number + 1)
+        if number in self._refill:
+            # A trial started before the restart but not finished: the same trial again.
+            meta, schedule_dict = self._refill.pop(number)
+            return self._issue(trial_id, meta, schedule_dict)
         if number < len(self._baselines):
             name, schedule_dict = self._baselines[number]
-            self._next_number += 1
             return self._issue(trial_id, TrialMeta(number, name, {}), schedule_dict)
         schedule, trial = self._draw()
         params = dict(trial.params)
@@ -230,8 +294,33 @@ class ScheduleSearcher(Searcher):
         schedule_dict = schedule.to_dict()
         trial.set_user_attr(_NUMBER_ATTR, number)
         trial.set_user_attr(_SCHEDULE_ATTR, schedule_dict)
-        self._next_number += 1
         return self._issue(trial_id, meta, schedule_dict)
+
+    def _make_plan(self) -> list[int]:
+        """The holes to fill first, lowest first: every number below the highest one seen that
+        neither Tune's (restored) state nor the database's finished trials hold; then numbers
+        go on from there up to the budget. Interrupted trials (in the database, or Optuna
+        trials issued before the restart) keep their number and schedule."""
+        live = LIVE_RUNS.get(self._live_key or "")
+        prior = live.prior if live is not None else self._prior
+        known = {m.number for m in self._trials.values()}
+        known |= {p.number for p in prior if p.finished}
+        self._refill = {}
+        for number, meta, schedule_dict in self._orphans(known):
+            self._refill[number] = (meta, schedule_dict)
+        for p in prior:
+            if not p.finished and p.number not in known:
+                params = {k: v for k, v in p.params.items() if k != "optuna_trial"}
+                ot = p.params.get("optuna_trial")
+                previous = self._refill.get(p.number)
+                ot_id = previous[0].optuna_trial_id if previous else None
+                meta = TrialMeta(
+                    p.number, p.baseline, params, ot if isinstance(ot, int) else None, ot_id
+                )
+                self._refill[p.number] = (meta, p.schedule)
+        high = max([self._next_number, *(n + 1 for n in self._refill), *(n + 1 for n in known)])
+        self._plan_tail = high
+        return [n for n in range(high) if n not in known]
 
     def _issue(self, trial_id: str, meta: TrialMeta, schedule: dict[str, Any]) -> dict[str, Any]:
         self._trials[trial_id] = meta
@@ -307,23 +396,25 @@ class ScheduleSearcher(Searcher):
 
     # ------------------------------------------------------------------ resume
 
-    def _orphans(self) -> list[tuple[int, int, int, dict[str, Any], dict[str, Any]]]:
-        """Optuna trials still RUNNING that Tune's (restored) state does not know."""
+    def _orphans(self, known: set[int]) -> list[tuple[int, TrialMeta, dict[str, Any]]]:
+        """Optuna trials still RUNNING that Tune's (restored) state does not know: issued
+        before the restart (replayed with the same number and schedule), or asked and never
+        issued (told failed)."""
         if self._storage_url is None:
             return []
-        known = {m.optuna_trial for m in self._trials.values() if m.optuna_trial is not None}
+        issued = {m.optuna_trial for m in self._trials.values() if m.optuna_trial is not None}
         out = []
         for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if frozen.number in issued:
+                continue
             number = frozen.user_attrs.get(_NUMBER_ATTR)
             schedule = frozen.user_attrs.get(_SCHEDULE_ATTR)
-            if frozen.number in known:
-                continue
-            if isinstance(number, int) and isinstance(schedule, dict):
-                out.append((number, frozen.number, frozen._trial_id, schedule, dict(frozen.params)))
-            else:  # asked, never issued: give it back as failed
+            if isinstance(number, int) and isinstance(schedule, dict) and number not in known:
+                meta = TrialMeta(number, None, dict(frozen.params), frozen.number, frozen._trial_id)
+                out.append((number, meta, schedule))
+            else:  # never issued, or finished in the database already: close it
                 self.study.tell(frozen.number, state=TrialState.FAIL, skip_if_finished=True)
-        out.sort()
-        return out
+        return sorted(out, key=lambda item: item[0])
 
     def get_state(self) -> dict[str, Any]:
         return {
@@ -341,7 +432,7 @@ class ScheduleSearcher(Searcher):
         }
         self._finished = set(state["finished"])
         self._reported = dict(state["reported"])
-        self._replay = None  # look for orphans again before the next suggestion
+        self._plan = None  # plan the remaining numbers again before the next suggestion
         self._study = None
 
     def save(self, checkpoint_path: str) -> None:

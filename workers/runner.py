@@ -31,14 +31,14 @@ import optuna
 from ray import tune
 
 from tuner.engine import EngineResult, TuningEngine
-from tuner.engine_search import TrialMeta
+from tuner.engine_search import PriorTrial, TrialMeta
 from tuner.errors import InvalidStateError, StagetuneError, ValidationError
 from tuner.export import export_yaml
 from tuner.objectives import StudyObjective, TrialOutcome, trial_status
-from tuner.progress import StoreProgress, StudyWatch
+from tuner.progress import StoreProgress, StudyWatch, outcome_of_record
 from tuner.schedule import Schedule
 from tuner.spec import ResolvedSpec, StudySpec, TaskDefaults
-from tuner.store.records import StudyStatus
+from tuner.store.records import StudyStatus, TrialStatus
 from tuner.store.storage import StudyStore
 
 __all__ = [
@@ -165,6 +165,7 @@ def run_study(
             from workers.trainable import ScheduleTrainable
 
             trainable = ScheduleTrainable
+        prior = _prior_trials(store, study_id, objective, train_size)
         engine = TuningEngine(
             resolved,
             trainable,
@@ -177,6 +178,7 @@ def run_study(
             should_stop=watch,
             max_concurrent=max_concurrent,
             trial_config=trial_config,
+            prior_trials=prior,
         )
         result = engine.run()
     except KeyboardInterrupt:
@@ -190,6 +192,29 @@ def run_study(
         _fail(store, study_id, worker_id, exc)
         raise
     return _finish(store, study_id, worker_id, result)
+
+
+def _prior_trials(
+    store: StudyStore, study_id: int, objective: StudyObjective, train_size: int
+) -> list[PriorTrial]:
+    """The trials the database already holds for the study (it is resumed or taken over)."""
+    out: list[PriorTrial] = []
+    while True:
+        page = store.list_trials(study_id, limit=1000, offset=len(out))
+        for record in page.items:
+            finished = record.status is not TrialStatus.RUNNING
+            out.append(
+                PriorTrial(
+                    number=record.number,
+                    baseline=record.baseline,
+                    schedule=record.schedule,
+                    params=record.params,
+                    finished=finished,
+                    outcome=outcome_of_record(record, objective, train_size) if finished else None,
+                )
+            )
+        if not page.has_more:
+            return out
 
 
 def _fail(store: StudyStore, study_id: int, worker_id: str | None, exc: BaseException) -> None:

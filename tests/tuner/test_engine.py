@@ -14,6 +14,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.engine import RunStopper, TuningEngine, concurrency_for
+from tuner.engine_search import PriorTrial
 from tuner.objectives import StudyObjective
 from tuner.schedule import Schedule
 from tuner.spec import StudySpec, TaskDefaults
@@ -263,3 +264,51 @@ def test_pareto_studies_run_without_early_stopping(ray_session: None, tmp_path: 
     assert front
     assert result.summary["best"]["number"] in [row["number"] for row in front]
     assert all(set(row["objective_values"]) == {"val_accuracy", "steps"} for row in front)
+
+
+def test_without_its_experiment_directory_a_study_finishes_from_the_database(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """A worker on another host (no shared Ray storage) takes a study over: the database's
+    finished trials count and are not rerun, the interrupted one runs again as it was."""
+    text = (
+        "task: digits\nschedule: {total_epochs: 2}\nbaselines: false\n"
+        "budget: {trials: 5, early_stopping: false}"
+    )
+    first = engine(tmp_path, text).run()
+    by_number = {o.number: o for o in first.outcomes}
+    prior = [
+        PriorTrial(
+            number=n,
+            baseline=None,
+            schedule=by_number[n].schedule,
+            params={
+                **by_number[n].extra["params"],
+                "optuna_trial": by_number[n].extra["optuna_trial"],
+            },
+            finished=n < 3,
+            outcome=by_number[n] if n < 3 else None,
+        )
+        for n in range(4)
+    ]
+    (tmp_path / "epochs.log").unlink()
+    other_host = tmp_path / "other-host"
+    other_host.mkdir()
+    spec = StudySpec.from_yaml(text)
+    second = TuningEngine(
+        spec.resolve(DEFAULTS),
+        make_fake_trainable(),
+        storage_path=other_host / "ray",
+        experiment_name="study-1",
+        optuna_storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+        optuna_study_name="study-1",
+        train_size=TRAIN_SIZE,
+        trial_config={"fake_log": str(tmp_path / "epochs.log")},
+        prior_trials=prior,
+    ).run()
+    assert not second.resumed
+    assert sorted(set(epochs_trained(tmp_path))) == [3, 4]  # only what was left
+    assert [o.number for o in second.outcomes] == [0, 1, 2, 3, 4]
+    assert second.outcomes[3].schedule == by_number[3].schedule  # the interrupted one, again
+    for n in range(3):
+        assert second.outcomes[n] == by_number[n]

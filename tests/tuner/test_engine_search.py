@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -12,7 +13,7 @@ from optuna.trial import TrialState
 
 from tuner import engine_search
 from tuner.baselines import build_baselines
-from tuner.engine_search import META_KEY, ScheduleSearcher
+from tuner.engine_search import META_KEY, PriorTrial, ScheduleSearcher
 from tuner.errors import StagetuneError
 from tuner.objectives import StudyObjective
 from tuner.schedule import Schedule
@@ -41,6 +42,13 @@ def make_searcher(text: str, storage: str | None, name: str = "s") -> ScheduleSe
     )
 
 
+def suggest(searcher: ScheduleSearcher, trial_id: str) -> dict[str, Any]:
+    """A suggestion that must be a trial config (not FINISHED / not ready)."""
+    config = searcher.suggest(trial_id)
+    assert isinstance(config, dict), config
+    return config
+
+
 @pytest.fixture
 def storage(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -55,8 +63,8 @@ def result(epochs: int, acc: float, **extra: object) -> dict[str, object]:
 
 def test_baselines_come_first_then_optuna_trials(storage: str) -> None:
     searcher = make_searcher(SPEC, storage)
-    configs = [searcher.suggest(f"t{i}") for i in range(5)]
-    metas = [c[META_KEY] for c in configs if c]
+    configs = [suggest(searcher, f"t{i}") for i in range(5)]
+    metas = [c[META_KEY] for c in configs]
     assert [m["number"] for m in metas] == [0, 1, 2, 3, 4]
     assert [m["baseline"] for m in metas] == [
         "small_batch",
@@ -68,12 +76,11 @@ def test_baselines_come_first_then_optuna_trials(storage: str) -> None:
     assert [m["optuna_trial"] for m in metas] == [None, None, None, 0, 1]
     assert metas[3]["params"]["n_stages"] >= 1
     for config in configs:
-        assert config is not None
         Schedule.from_dict(config["schedule"])  # a valid schedule document
     study = optuna.load_study(study_name="s", storage=storage)
     attrs = study.trials[0].user_attrs
     assert attrs["stagetune_number"] == 3
-    assert attrs["stagetune_schedule"] == configs[3]["schedule"]  # type: ignore[index]
+    assert attrs["stagetune_schedule"] == configs[3]["schedule"]
 
 
 def test_schedules_violating_the_constraint_are_not_trained(storage: str) -> None:
@@ -81,7 +88,7 @@ def test_schedules_violating_the_constraint_are_not_trained(storage: str) -> Non
         SPEC + "\nobjective: {max_mean_batch_size: 64}\nbaselines: false", storage
     )
     for i in range(8):
-        config = searcher.suggest(f"t{i}")
+        config = suggest(searcher, f"t{i}")
         assert config is not None
         schedule = Schedule.from_dict(config["schedule"])
         assert schedule.mean_batch_size(TRAIN_SIZE) <= 64
@@ -108,13 +115,13 @@ def test_a_constraint_too_tight_for_the_space_fails_with_advice(
     )
     # All three stages at batch 32 is the only feasible schedule: 3 draws (seeded) miss it.
     with pytest.raises(StagetuneError, match="too tight"):
-        searcher.suggest("t0")
+        suggest(searcher, "t0")
 
 
 def test_trials_are_told_complete_pruned_or_failed(storage: str) -> None:
     searcher = make_searcher(SPEC + "\nbaselines: false", storage)
     for i in range(3):
-        searcher.suggest(f"t{i}")
+        suggest(searcher, f"t{i}")
     for epoch in (1, 2):
         searcher.on_trial_result("t1", result(epoch, 0.3 * epoch))
     searcher.on_trial_complete("t0", result(6, 0.9))  # all 6 epochs
@@ -133,15 +140,15 @@ def test_resume_replays_trials_suggested_after_the_last_checkpoint(
 ) -> None:
     first = make_searcher(SPEC, storage)
     for i in range(4):
-        first.suggest(f"t{i}")  # 3 baselines + tuned trial 3
+        suggest(first, f"t{i}")  # 3 baselines + tuned trial 3
     checkpoint = tmp_path / "searcher.pkl"
     first.save(str(checkpoint))
-    lost = [first.suggest(f"t{i}") for i in (4, 5)]  # suggested, then the process dies
+    lost = [suggest(first, f"t{i}") for i in (4, 5)]  # suggested, then the process dies
 
     # Tune pickles the searcher when the experiment starts and restores its checkpoint.
     second = pickle.loads(pickle.dumps(make_searcher(SPEC, storage)))
     second.restore(str(checkpoint))
-    replayed = [second.suggest(f"n{i}") for i in range(3)]
+    replayed = [suggest(second, f"n{i}") for i in range(3)]
     assert [c[META_KEY]["number"] for c in replayed if c] == [4, 5, 6]
     assert [c["schedule"] for c in replayed[:2] if c] == [c["schedule"] for c in lost if c]
     assert replayed[2] is not None
@@ -150,3 +157,58 @@ def test_resume_replays_trials_suggested_after_the_last_checkpoint(
     study = optuna.load_study(study_name="s", storage=storage)
     assert study.trials[1].state == TrialState.COMPLETE  # the replayed trial 4 is told
     assert len(study.trials) == 4
+
+
+def test_a_fresh_start_completes_a_study_from_its_database_trials(storage: str) -> None:
+    """Another host takes the study over without the Tune experiment: finished trials are
+    skipped, interrupted ones run again as they were, numbering is dense, the budget holds."""
+    first = make_searcher(SPEC, storage)
+    issued = [suggest(first, f"t{i}") for i in range(5)]  # 3 baselines + tuned 3 and 4
+    first.on_trial_complete("t3", result(6, 0.7))
+    configs = {c[META_KEY]["number"]: c for c in issued}
+    # The database: 0, 1, 3 finished; 2 (a baseline) and 4 were running when it died.
+    prior = [
+        PriorTrial(
+            number=n,
+            baseline=configs[n][META_KEY]["baseline"],
+            schedule=configs[n]["schedule"],
+            params={
+                **configs[n][META_KEY]["params"],
+                **(
+                    {"optuna_trial": configs[n][META_KEY]["optuna_trial"]}
+                    if configs[n][META_KEY]["optuna_trial"] is not None
+                    else {}
+                ),
+            },
+            finished=n in (0, 1, 3),
+        )
+        for n in range(5)
+    ]
+    spec = StudySpec.from_yaml(SPEC)
+    resolved = spec.resolve(DEFAULTS)
+    space = ScheduleSpace.from_spec(resolved)
+    second = ScheduleSearcher(
+        space=space,
+        objective=StudyObjective.of(spec, resolved.total_epochs),
+        baselines=build_baselines(space),
+        storage_url=storage,
+        study_name="s",
+        startup_trials=3,
+        train_size=TRAIN_SIZE,
+        budget=8,
+        prior=prior,
+    )
+    again = [suggest(second, f"n{i}") for i in range(5)]
+    metas = [c[META_KEY] for c in again]
+    assert [m["number"] for m in metas] == [2, 4, 5, 6, 7]
+    assert again[0]["schedule"] == configs[2]["schedule"]
+    assert metas[0]["baseline"] == "increase_batch"
+    assert again[1]["schedule"] == configs[4]["schedule"]
+    assert metas[1]["optuna_trial"] == configs[4][META_KEY]["optuna_trial"]
+    assert second.suggest("n5") == "FINISHED"  # 3 finished + 5 issued = the budget of 8
+    # New draws continue from a seed of their own: no schedule of the first run comes back.
+    earlier = {str(c["schedule"]) for c in issued}
+    assert all(str(c["schedule"]) not in earlier for c in again[2:])
+    second.on_trial_complete("n1", result(6, 0.8))
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert study.trials[1].state == TrialState.COMPLETE  # trial 4's Optuna trial is told
