@@ -202,7 +202,7 @@ def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
             fmt="*" if tuned else "o",
             markersize=14 if tuned else 7,
             capsize=4,
-            color="tab:red" if tuned else None,
+            color="black" if tuned else None,
             label=f"{row['schedule']} ({100 * row['test_acc_mean']:.2f}%)",
         )
     ax.set_xscale("log")
