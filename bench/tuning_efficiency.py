@@ -180,6 +180,7 @@ def _plot(
         label=f"within tolerance ({100 * threshold:.2f}%)",
     )
     ax.set_xlim(0, budget)
+    ax.set_ylim(100 * best - 3.0, 100 * best + 0.5)  # the region that matters (lower: clipped)
     ax.set_xlabel("compute spent (trial-epochs)")
     ax.set_ylabel("best full-run val accuracy so far, %")
     ax.set_title("Best schedule found vs compute (one line per seed)")
