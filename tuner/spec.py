@@ -96,6 +96,7 @@ class RunSettings(_Model):
     """Settings shared by every schedule of the study; ``null`` = the task's default."""
 
     total_epochs: int | None = Field(
+        strict=True,
         default=None,
         ge=1,
         le=MAX_EPOCHS,
@@ -108,6 +109,7 @@ class RunSettings(_Model):
         description="LR at base_batch_size (the multipliers refer to it); null: task default.",
     )
     base_batch_size: int | None = Field(
+        strict=True,
         default=None,
         ge=1,
         le=MAX_BATCH,
@@ -135,8 +137,8 @@ class RunSettings(_Model):
 
 
 class IntRange(_Model):
-    min: int = Field(ge=1, le=MAX_SPACE_STAGES)
-    max: int = Field(ge=1, le=MAX_SPACE_STAGES)
+    min: int = Field(strict=True, ge=1, le=MAX_SPACE_STAGES)
+    max: int = Field(strict=True, ge=1, le=MAX_SPACE_STAGES)
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -150,8 +152,8 @@ class BatchSizeRange(_Model):
     ``workers x micro_batch`` where a micro-batch is set). ``null`` bounds: ``min`` = the base
     batch size, ``max`` = 16 x ``min``."""
 
-    min: int | None = Field(default=None, ge=1, le=MAX_BATCH)
-    max: int | None = Field(default=None, ge=1, le=MAX_BATCH)
+    min: int | None = Field(strict=True, default=None, ge=1, le=MAX_BATCH)
+    max: int | None = Field(strict=True, default=None, ge=1, le=MAX_BATCH)
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -253,7 +255,11 @@ class AccuracyObjective(_Model):
         description="Mean batch size (samples / steps) at least this.",
     )
     max_steps: int | None = Field(
-        default=None, ge=1, le=10**12, description="Total optimizer steps of the run at most this."
+        strict=True,
+        default=None,
+        ge=1,
+        le=10**12,
+        description="Total optimizer steps of the run at most this.",
     )
 
     @model_validator(mode="after")
@@ -325,15 +331,21 @@ Objective = Annotated[
 
 class Budget(_Model):
     trials: int = Field(
-        default=16, ge=1, le=MAX_TRIALS, description="Trials in all, the baselines included."
+        strict=True,
+        default=16,
+        ge=1,
+        le=MAX_TRIALS,
+        description="Trials in all, the baselines included.",
     )
     max_concurrent: int | None = Field(
+        strict=True,
         default=None,
         ge=1,
         le=1024,
         description="Trials at once; null: as many as the cluster fits.",
     )
     grace_period_epochs: int = Field(
+        strict=True,
         default=1,
         ge=1,
         le=MAX_EPOCHS,
@@ -346,6 +358,7 @@ class Budget(_Model):
         default=True, description="Stop unpromising trials with ASHA (single-objective studies)."
     )
     max_failures: int = Field(
+        strict=True,
         default=1,
         ge=0,
         le=10,
@@ -355,12 +368,18 @@ class Budget(_Model):
         default="tpe", description="Optuna sampler (seeded with the study seed)."
     )
     startup_trials: int = Field(
-        default=5, ge=1, le=1000, description="TPE: random trials before the model takes over."
+        strict=True,
+        default=5,
+        ge=1,
+        le=1000,
+        description="TPE: random trials before the model takes over.",
     )
 
 
 class Resources(_Model):
-    workers: int = Field(default=1, ge=1, le=1024, description="Data-parallel workers per trial.")
+    workers: int = Field(
+        strict=True, default=1, ge=1, le=1024, description="Data-parallel workers per trial."
+    )
     cpus_per_worker: float = Field(default=1.0, gt=0, le=256, allow_inf_nan=False)
     gpus_per_worker: float = Field(
         default=0.0,
@@ -370,6 +389,7 @@ class Resources(_Model):
         description="Fractions let trials share a GPU.",
     )
     micro_batch: int | None = Field(
+        strict=True,
         default=None,
         ge=1,
         le=MAX_BATCH,
@@ -429,7 +449,7 @@ class StudySpec(_Model):
         default_factory=dict, description="Options of the task (validated by the task)."
     )
     name: str | None = Field(default=None, min_length=1, max_length=200)
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    seed: int = Field(strict=True, default=0, ge=0, le=2**31 - 1)
     schedule: RunSettings = RunSettings()
     space: SearchSpace = SearchSpace()
     objective: Objective = AccuracyObjective()
