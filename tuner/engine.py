@@ -527,7 +527,9 @@ class TuningEngine:
     def run(self) -> EngineResult:
         """Run the experiment to the end (or resume it); returns every trial's outcome."""
         if not ray.is_initialized():
-            ray.init(log_to_driver=False)  # local Ray, or the cluster RAY_ADDRESS names
+            # A local Ray, or the cluster RAY_ADDRESS names. A local start skips Ray's own
+            # dashboard: it costs seconds and memory, and stagetune's dashboard shows the study.
+            ray.init(log_to_driver=False, include_dashboard=False)
         self.storage_path.mkdir(parents=True, exist_ok=True)
         LIVE_RUNS[self.live_key] = LiveRun(
             callbacks=list(self.callbacks), should_stop=self.should_stop, prior=self.prior_trials
