@@ -119,7 +119,10 @@ async def api_writer(client: httpx.AsyncClient, deadline: float, tally: Tally) -
 async def load(base_url: str, seeded: int, seconds: float) -> Tally:
     tally = Tally()
     deadline = time.monotonic() + seconds
-    limits = httpx.Limits(max_connections=READERS + API_WRITERS)
+    # Idle connections expire on the client before uvicorn's 5 s keep-alive closes them on the
+    # server, so no request is sent on a connection the server is closing at that moment (a
+    # transport race of HTTP keep-alive, not an error of the service).
+    limits = httpx.Limits(max_connections=READERS + API_WRITERS, keepalive_expiry=1.0)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
         await asyncio.gather(
             *(reader(client, n, seeded, deadline, tally) for n in range(READERS)),
