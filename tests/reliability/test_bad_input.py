@@ -446,6 +446,43 @@ def test_every_write_route_is_found() -> None:
     assert {("POST", STUDIES), ("DELETE", f"{STUDIES}/{{study_id}}")} <= found, found
 
 
+#: Reads that stay open with ``protect_reads`` (probes, the API description, static files).
+OPEN_READS = {
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/api/v1/health",
+    "/dashboard/static/{name}",
+}
+
+
+def test_protected_reads_need_the_token_on_every_data_route(module_db_url: str) -> None:
+    """With ``protect_reads``, every GET route that serves data (API and dashboard, found from
+    the app's routes) answers 401 without the token and 200 with it."""
+    with StudyStore(module_db_url) as store:
+        study_id = store.create_study("digits", SPEC, 4, name="protected").id
+        settings = api_settings(module_db_url, tokens=[TOKEN], protect_reads=True)
+        app = create_app(settings=settings, store=store)
+        reads = sorted(
+            route.path
+            for route in iter_route_contexts(app.routes)
+            if route.path is not None and "GET" in (route.methods or set())
+        )
+        with TestClient(app, raise_server_exceptions=False) as client:
+            checked = 0
+            for template in reads:
+                if template in OPEN_READS:
+                    continue
+                if "{number}" in template:
+                    continue  # a trial needs a running study; the route shape is the same
+                url = fill_path(template, study_id)
+                assert client.get(url).status_code == 401, url
+                r = client.get(url, headers={"Authorization": f"Bearer {TOKEN}"})
+                assert r.status_code in (200, 409), (url, r.status_code, r.text[:200])
+                checked += 1
+            assert checked >= 5, reads
+
+
 # -- real server: huge bodies ---------------------------------------------------------------
 
 

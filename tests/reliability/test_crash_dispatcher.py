@@ -10,11 +10,17 @@ dead one's heartbeat goes stale and resumes it. Checked afterwards:
 * the study completed with exactly the budget of trials (numbers 0..budget-1), owned by the
   second worker, ``attempts == 2``;
 * no trial is left ``running``: the one interrupted by the kill was run again (completed, a
-  full curve) or is ``failed`` with a reason; the API shows the same.
+  full curve) or is ``failed`` with a reason; the API shows the same;
+* no schedule was trained twice (a sampler that replayed its sequence would repeat them).
+
+Two variants: the second worker sees the first one's Ray Tune experiment directory (same
+host, or shared storage), or it does not (another host with a local data directory) and must
+finish the study from what the database holds.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -108,44 +114,11 @@ def finished_rows(store: StudyStore, study_id: int) -> dict[int, tuple[Any, ...]
     return rows
 
 
-TAKEOVER_LIVELOCK = (
-    "tuner/engine.py TuningEngine._tuner(): tune.Tuner.restore() brings back the RunConfig "
-    "pickled by the dead worker, whose RunStopper holds the dead worker's StudyWatch "
-    "(worker_id='w-first'); its first poll heartbeats as w-first, gets ConflictError (the "
-    "study is w-second's now) and stops the experiment; the runner sees fewer outcomes than "
-    "the budget and releases the study to 'queued'; the dispatcher re-claims it at once: an "
-    "endless claim/restore/release loop (attempts 2, 3, 4, ... within a second), trials "
-    "3..5 never run. Fix: do not pickle the watch into the experiment (e.g. RunStopper looks "
-    "its should_stop up in a process-level registry keyed by experiment name that "
-    "TuningEngine.run() fills before fit()), and bound re-claims without progress"
-)
-
-
-FRESH_EXPERIMENT_OVERRUNS = (
-    "tuner/engine.py: a worker that cannot restore the experiment directory (another host, "
-    "local STAGETUNE_DATA_DIR) starts a fresh Tune experiment with num_samples = the whole "
-    "budget, ignoring the trials already stored: the study ends with 8 trials for a budget "
-    "of 6, and the seeded sampler replays its sequence, so new trials retrain the exact "
-    "schedules of trials 0 and 1. Fix: on a fresh start of a study that has trials, run "
-    "only budget - finished trials, number them from next_trial_number, and tell the "
-    "sampler the stored results (or refuse the take-over with a clear error naming the "
-    "missing experiment directory and require shared Ray storage)"
-)
-
-
 @pytest.mark.parametrize(
     "shared_storage",
     [
-        pytest.param(
-            True,
-            id="shared-ray-storage",
-            marks=pytest.mark.xfail(strict=True, reason=TAKEOVER_LIVELOCK),
-        ),
-        pytest.param(
-            False,
-            id="other-host-storage",
-            marks=pytest.mark.xfail(strict=True, reason=FRESH_EXPERIMENT_OVERRUNS),
-        ),
+        pytest.param(True, id="shared-ray-storage"),
+        pytest.param(False, id="other-host-storage"),
     ],
 )
 def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
@@ -232,6 +205,8 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
         for t in trials:
             if t.status is TrialStatus.FAILED:
                 assert t.stop_reason, t
+        schedules = [json.dumps(t.schedule, sort_keys=True) for t in trials]
+        assert len(set(schedules)) == len(schedules), "a schedule was trained twice"
 
         # The API tells the same story.
         app = create_app(settings=api_settings(sqlite_url), store=store)
