@@ -355,6 +355,33 @@ def test_largest_accepted_body_is_answered_quickly(sqlite_url: str) -> None:
     assert elapsed < SLOW_S, f"a {len(body):,}-byte YAML body took {elapsed:.1f} s to reject"
 
 
+@pytest.mark.parametrize("content_type", [YAML, JSON])
+def test_costliest_spec_under_the_size_limit_is_answered_quickly(
+    sqlite_url: str, content_type: str
+) -> None:
+    """The worst body that does get parsed: just under ``MAX_SPEC_CHARS``, all of it a flat
+    list of numbers (the most tokens per byte). Rejected (``name`` must be text) in seconds."""
+    numbers: list[str] = []
+    size = 0
+    while size < MAX_SPEC_CHARS - 200:
+        numbers.append(str(len(numbers) % 10))
+        size += 2
+    if content_type == YAML:
+        body = f"task: digits\nname: [{','.join(numbers)}]\n".encode()
+    else:
+        body = f'{{"task": "digits", "name": [{",".join(numbers)}]}}'.encode()
+    assert MAX_SPEC_CHARS - 300 < len(body) <= MAX_SPEC_CHARS
+    with StudyStore(sqlite_url, create=True) as store:
+        app = create_app(settings=api_settings(sqlite_url), store=store)
+        with TestClient(app, raise_server_exceptions=False) as client:
+            started = time.monotonic()
+            r = client.post(STUDIES, content=body, headers={"Content-Type": content_type})
+            elapsed = time.monotonic() - started
+        assert_error_body(r, 422, "name")
+        assert sum(row_counts(store.engine).values()) == 0
+    assert elapsed < SLOW_S, f"a {len(body):,}-byte body took {elapsed:.1f} s to reject"
+
+
 # -- auth ---------------------------------------------------------------------------------
 
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
