@@ -19,6 +19,7 @@ rows that reference it) and ``PRAGMA foreign_key_check`` runs before the commit.
 
 from __future__ import annotations
 
+import fcntl
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -125,8 +126,39 @@ def migration_connection(target: str | URL | Engine) -> Iterator[Connection]:
     ``target`` is a URL (a private engine is created and disposed) or an engine made by
     :func:`tuner.store.engine.make_engine` (used as is, e.g. for an in-memory database).
     """
-    own = not isinstance(target, Engine)
-    engine = make_engine(target, poolclass=NullPool) if not isinstance(target, Engine) else target
+    if isinstance(target, Engine):
+        with _sqlite_file_lock(target.url), _migration_transaction(target, own=False) as conn:
+            yield conn
+        return
+    with _sqlite_file_lock(normalize_url(target)):
+        engine = make_engine(target, poolclass=NullPool)
+        with _migration_transaction(engine, own=True) as conn:
+            yield conn
+
+
+@contextmanager
+def _sqlite_file_lock(url: URL) -> Iterator[None]:
+    """Serialize migrations of one SQLite file across threads and processes of this host.
+
+    Opening a fresh SQLite database switches it to WAL, which needs an exclusive lock that
+    SQLite's busy timeout does not always wait for; migrators queue on a lock file instead.
+    """
+    database = url.database if url.get_backend_name() == "sqlite" else None
+    if not database or database == ":memory:" or database.startswith("file:"):
+        yield
+        return
+    lock_path = Path(database).with_name(Path(database).name + ".migrate-lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _migration_transaction(engine: Engine, own: bool) -> Iterator[Connection]:
     sqlite = engine.dialect.name == "sqlite"
     try:
         with write_engine(engine).connect() as conn:
