@@ -32,8 +32,10 @@ SPEC = {
     "task": "digits",
     "name": "kill-a-worker",
     "baselines": False,
-    "schedule": {"total_epochs": 3},
-    "space": {"stages": {"min": 1, "max": 1}, "batch_size": {"min": 32, "max": 64}},
+    # Enough epochs (at the smallest batch) that the kill, sent as soon as the first epoch is
+    # reported, lands while the trial still trains even on a fast idle machine (~0.1 s/epoch).
+    "schedule": {"total_epochs": 20},
+    "space": {"stages": {"min": 1, "max": 1}, "batch_size": {"min": 32, "max": 32}},
     "budget": {"trials": BUDGET, "early_stopping": False, "max_concurrent": 1, "max_failures": 0},
     "resources": {"workers": 2, "cpus_per_worker": 1},
 }
@@ -86,7 +88,7 @@ def test_a_killed_gang_worker_fails_its_trial_and_the_study_goes_on(
                         pids = [int(p) for p in curve[-1].extra["worker_pids"]]
                         assert len(pids) == 2, pids
                         victim = pids[1]
-                time.sleep(0.1)
+                time.sleep(0.05)
             os.kill(victim, signal.SIGKILL)
             killed_at = time.monotonic()
             worker.wait(timeout=420)
