@@ -22,7 +22,14 @@ from typing import Any, Final
 
 from tuner.errors import ValidationError
 from tuner.schedule import Schedule
-from tuner.store import EpochMetrics, StudyRecord, StudyStatus, TrialRecord, TrialStatus
+from tuner.store import (
+    EpochMetrics,
+    StudyRecord,
+    StudyStatus,
+    TrialRecord,
+    TrialStatus,
+    optuna_study_name,
+)
 
 __all__ = [
     "BASELINE_LABELS",
@@ -510,17 +517,16 @@ def data_etag(body: bytes) -> str:
 
 
 def optuna_study_names(study: StudyRecord) -> list[str]:
-    """Names the study's Optuna study may have, most likely first: the one the engine wrote
-    into the summary, then the names the dispatcher derives from the study id."""
+    """Names the study's Optuna study may have: the one the engine wrote into the summary,
+    then the one it derives from the study id (a study still running has no summary yet)."""
     names: list[str] = []
     summary = study.summary or {}
     recorded = summary.get("optuna_study")
     if isinstance(recorded, str) and recorded:
         names.append(recorded)
-    for pattern in ("stagetune-study-{id}", "stagetune-{id}", "study-{id}", "stagetune_{id}"):
-        name = pattern.format(id=study.id)
-        if name not in names:
-            names.append(name)
+    derived = optuna_study_name(study.id)
+    if derived not in names:
+        names.append(derived)
     return names
 
 

@@ -38,7 +38,7 @@ from tuner.objectives import StudyObjective, TrialOutcome, trial_status
 from tuner.progress import StoreProgress, StudyWatch, outcome_of_record
 from tuner.schedule import Schedule
 from tuner.spec import ResolvedSpec, StudySpec, TaskDefaults
-from tuner.store.records import StudyStatus, TrialStatus
+from tuner.store.records import StudyStatus, TrialStatus, optuna_study_name
 from tuner.store.storage import StudyStore
 
 __all__ = [
@@ -59,11 +59,6 @@ log = logging.getLogger(__name__)
 def experiment_name(study_id: int) -> str:
     """The Ray Tune experiment directory of a study (under the Ray storage path)."""
     return f"study-{study_id}"
-
-
-def optuna_study_name(study_id: int) -> str:
-    """The name of a study's Optuna study in the study database."""
-    return f"stagetune-study-{study_id}"
 
 
 @dataclass(frozen=True)

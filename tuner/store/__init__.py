@@ -16,6 +16,7 @@ from tuner.store.records import (
     StudyStatus,
     TrialRecord,
     TrialStatus,
+    optuna_study_name,
 )
 from tuner.store.storage import (
     FINAL_KEYS,
@@ -45,4 +46,5 @@ __all__ = [
     "TrialStatus",
     "make_engine",
     "normalize_url",
+    "optuna_study_name",
 ]

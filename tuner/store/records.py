@@ -168,3 +168,8 @@ class Page(Generic[T]):
     @property
     def has_more(self) -> bool:
         return self.offset + len(self.items) < self.total
+
+
+def optuna_study_name(study_id: int) -> str:
+    """The name of a study's Optuna study, kept in the same database as the study."""
+    return f"stagetune-study-{study_id}"
