@@ -63,7 +63,7 @@ def create_app(settings: Settings | None = None, store: StudyStore | None = None
 
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_request_bytes)
-    install_openapi(app)
+    install_openapi(app, settings)
 
     # Routers. Others (the dashboard) are included here the same way.
     app.include_router(api_router)

@@ -4,6 +4,7 @@ app is checked, discovered from ``app.routes``); reads are open unless ``protect
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from fastapi.routing import iter_route_contexts
@@ -129,6 +130,41 @@ def test_token_comparison() -> None:
     assert not token_matches("", ["abc"])
 
 
-def test_openapi_declares_bearer_auth(client: TestClient) -> None:
-    schemes = client.get("/openapi.json").json()["components"]["securitySchemes"]
+def secured_operations(document: dict[str, Any]) -> set[str]:
+    return {
+        f"{method.upper()} {path}"
+        for path, item in document["paths"].items()
+        for method, operation in item.items()
+        if isinstance(operation, dict) and operation.get("security")
+    }
+
+
+@pytest.mark.parametrize(
+    ("tokens", "protect_reads", "secured"),
+    [
+        pytest.param(None, False, "none", id="open"),
+        pytest.param([TOKEN], False, "writes", id="tokens"),
+        pytest.param([TOKEN], True, "all", id="tokens-protect-reads"),
+    ],
+)
+def test_openapi_declares_the_auth_the_server_asks_for(
+    url: str, tokens: list[str] | None, protect_reads: bool, secured: str
+) -> None:
+    """A generated client or /docs' "Authorize" button asks for a token exactly where one is
+    needed: nowhere on an open server, on writes, or on every API route with protected reads."""
+    settings = make_settings(url, tokens=tokens, protect_reads=protect_reads)
+    with open_client(settings) as client:
+        document = client.get("/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    operations = secured_operations(document)
+    writes = {f"{method} {path}" for method, path in write_routes(settings)}
+    if secured == "none":
+        assert operations == set()
+        assert "securitySchemes" not in document.get("components", {})
+        return
+    schemes = document["components"]["securitySchemes"]
     assert [(s["type"], s["scheme"]) for s in schemes.values()] == [("http", "bearer")]
+    if secured == "writes":
+        assert operations == writes
+    else:
+        assert writes < operations
+        assert "GET /api/v1/studies" in operations
