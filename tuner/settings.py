@@ -1,8 +1,10 @@
 """Service settings, read from ``STAGETUNE_*`` environment variables (and an optional ``.env``).
 
-The embedded default keeps everything under ``./stagetune-data``: a SQLite database and Ray
-Tune's experiment directories. Production points ``STAGETUNE_DATABASE_URL`` at PostgreSQL and
-``RAY_ADDRESS`` (Ray's own variable) at a cluster.
+The embedded default keeps everything under ``./stagetune-data``: a SQLite database, Ray
+Tune's experiment directories and the datasets root (``STAGETUNE_DATASETS_DIR``, default
+``<STAGETUNE_DATA_DIR>/datasets``) that path-valued task options must stay inside.
+Production points ``STAGETUNE_DATABASE_URL`` at PostgreSQL and ``RAY_ADDRESS`` (Ray's own
+variable) at a cluster.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ class Settings(BaseSettings):
     )
     ray_storage_path: Path | None = Field(
         default=None, description="Ray Tune experiment directory; default: data_dir/ray."
+    )
+    datasets_dir: Path | None = Field(
+        default=None,
+        description="The datasets root: path-valued task options (cifar10's data_dir) must lie "
+        "inside it; relative ones are resolved against it. Default: data_dir/datasets.",
     )
 
     # API
@@ -77,6 +84,11 @@ class Settings(BaseSettings):
     @property
     def resolved_ray_storage_path(self) -> Path:
         return (self.ray_storage_path or self.data_dir / "ray").resolve()
+
+    @property
+    def resolved_datasets_dir(self) -> Path:
+        """The datasets root as an absolute path, symlinks resolved."""
+        return (self.datasets_dir or self.data_dir / "datasets").resolve()
 
     @property
     def tokens(self) -> list[str]:

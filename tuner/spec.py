@@ -43,12 +43,14 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from tuner.errors import ValidationError
-from tuner.tasks import check_task_name
+from tuner.tasks import check_task_name, task_option_problems
 
 __all__ = [
     "BASELINE_NAMES",
@@ -446,7 +448,11 @@ class StudySpec(_Model):
 
     task: str = Field(min_length=1, max_length=100, description="A registered task name.")
     task_options: dict[str, Any] = Field(
-        default_factory=dict, description="Options of the task (validated by the task)."
+        default_factory=dict,
+        validate_default=True,
+        description="Options of the task, checked against the options model the task "
+        "publishes (unknown options, bounds; path options must lie inside the server's "
+        "datasets root, STAGETUNE_DATASETS_DIR).",
     )
     name: str | None = Field(default=None, min_length=1, max_length=200)
     seed: int = Field(strict=True, default=0, ge=0, le=2**31 - 1)
@@ -478,6 +484,33 @@ class StudySpec(_Model):
             raise ValueError(f"task_options must be plain JSON values: {exc}") from None
         if len(text) > 10_000:
             raise ValueError("task_options is too large (over 10,000 characters as JSON)")
+        return value
+
+    @field_validator("task_options")
+    @classmethod
+    def _valid_options(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """The task's own options model, where it publishes one, and the path policy
+        (:mod:`tuner.task_paths`); each problem is reported at ``task_options.<option>``."""
+        task = info.data.get("task")
+        if task is None:  # the task name was invalid: that is the error to report
+            return value
+        problems = task_option_problems(task, value)
+        if problems:
+            raise pydantic.ValidationError.from_exception_data(
+                "task_options",
+                [
+                    {
+                        "type": PydanticCustomError(
+                            "invalid_task_option",
+                            "{message}",
+                            {"message": problem.message},
+                        ),
+                        "loc": problem.loc,
+                        "input": problem.value,
+                    }
+                    for problem in problems
+                ],
+            )
         return value
 
     @model_validator(mode="after")

@@ -6,11 +6,13 @@ Also: with a token configured, no write route (discovered from the app's routes,
 is covered the day it lands) is reachable without it, a wrong one, or a malformed header.
 
 Path policy (see docs/reliability.md): a task is named, never located: task names are checked
-against the registered ones. Path-valued task options (cifar10 ``data_dir``) must not let an API
-user make a worker read arbitrary paths: the API refuses a path that is absolute or leaves the
-server's data root (``..``, ``~``, URLs) and unknown options, at submission, with a 422.
-Free-text fields (study name, owner) are labels only: never used as paths, so path-like text is
-stored as text.
+against the registered ones. Task options are checked at submission against the options model
+the task publishes (unknown options are a 422). Path-valued task options (cifar10 ``data_dir``)
+must not let an API user make a worker read arbitrary paths: the API refuses, with a 422 naming
+the option, a path that leaves the server's datasets root (``STAGETUNE_DATASETS_DIR``): an
+absolute path outside it, ``..``, ``~``, URLs, NUL bytes, a symlink inside the root pointing
+out; a relative path inside the root, or an absolute one, is accepted. Free-text fields (study
+name, owner) are labels only: never used as paths, so path-like text is stored as text.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tests.reliability.helpers import (
     row_counts,
     seed_study,
 )
+from tuner.settings import get_settings
 from tuner.spec import MAX_SPEC_CHARS
 from tuner.store import StudyStore
 
@@ -50,14 +53,6 @@ JSON = "application/json"
 TOKEN = "rel-token-0123456789"
 SLOW_S = 3.0
 """Longest acceptable answer to any rejected request (generous for a loaded CI machine)."""
-
-# -- known bugs (xfail strict: the test fails once fixed; then drop the reason) -----------
-
-NOT_VALIDATED_OPTIONS = (
-    "task_options are only checked for size at submission: the API accepts unknown options and "
-    "path options anywhere on the worker's disk (api/spec_input.py / tuner/spec.py must validate "
-    "them against the task's options schema and the data-root policy)"
-)
 
 
 @dataclass(frozen=True)
@@ -209,42 +204,64 @@ BAD: list[Bad] = [
         j({"task": "cifar10", "task_options": {"data_dir": "../../etc/passwd"}}),
         JSON,
         mentions="data_dir",
-        xfail=NOT_VALIDATED_OPTIONS,
     ),
     Bad(
         "cifar10-data-dir-absolute",
         j({"task": "cifar10", "task_options": {"data_dir": "/etc"}}),
         JSON,
         mentions="data_dir",
-        xfail=NOT_VALIDATED_OPTIONS,
     ),
     Bad(
         "cifar10-data-dir-home",
         j({"task": "cifar10", "task_options": {"data_dir": "~root/.ssh"}}),
         JSON,
         mentions="data_dir",
-        xfail=NOT_VALIDATED_OPTIONS,
     ),
     Bad(
         "cifar10-data-dir-url",
         j({"task": "cifar10", "task_options": {"data_dir": "file:///etc"}}),
         JSON,
         mentions="data_dir",
-        xfail=NOT_VALIDATED_OPTIONS,
     ),
     Bad(
         "digits-unknown-path-option",
         j(spec(task_options={"data_dir": "/etc"})),
         JSON,
         mentions="data_dir",
-        xfail=NOT_VALIDATED_OPTIONS,
     ),
     Bad(
         "digits-unknown-option",
         j(spec(task_options={"bogus": 1})),
         JSON,
         mentions="bogus",
-        xfail=NOT_VALIDATED_OPTIONS,
+    ),
+    Bad(
+        "cifar10-data-dir-hidden-traversal",
+        j({"task": "cifar10", "task_options": {"data_dir": "cifar/../../../etc"}}),
+        JSON,
+        mentions="task_options.data_dir",
+    ),
+    Bad(
+        "cifar10-data-dir-s3",
+        y("task: cifar10\ntask_options: {data_dir: 's3://bucket/cifar'}"),
+        mentions="task_options.data_dir",
+    ),
+    Bad(
+        "cifar10-data-dir-nul",
+        j({"task": "cifar10", "task_options": {"data_dir": "cifar\x00/etc"}}),
+        JSON,
+        mentions="task_options.data_dir",
+    ),
+    Bad(
+        "cifar10-data-dir-missing",
+        y("task: cifar10"),
+        mentions="task_options.data_dir: is required",
+    ),
+    Bad(
+        "cifar10-data-dir-number",
+        j({"task": "cifar10", "task_options": {"data_dir": 7}}),
+        JSON,
+        mentions="task_options.data_dir",
     ),
     # size
     Bad(
@@ -334,6 +351,63 @@ def test_path_like_names_are_labels_only(api: Api, tmp_path: Path) -> None:
         r = api.client.get(f"{STUDIES}/{path}")
         assert 400 <= r.status_code < 500, (path, r.status_code)
         assert "root:" not in r.text
+
+
+@pytest.fixture
+def datasets_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A datasets root (``STAGETUNE_DATASETS_DIR``) holding ``cifar``, and a directory
+    ``outside`` it with a symlink ``root/escape`` pointing there."""
+    root = tmp_path / "datasets"
+    (root / "cifar").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (root / "escape").symlink_to(tmp_path / "outside", target_is_directory=True)
+    monkeypatch.setenv("STAGETUNE_DATASETS_DIR", str(root))
+    get_settings.cache_clear()
+    yield root
+    get_settings.cache_clear()
+
+
+def post_json(api: Api, body: dict[str, Any]) -> httpx.Response:
+    r: httpx.Response = api.client.post(
+        STUDIES, content=json.dumps(body), headers={"Content-Type": JSON}
+    )
+    return r
+
+
+def test_data_dir_inside_the_datasets_root_is_accepted(api: Api, datasets_root: Path) -> None:
+    """A path relative to the root, or absolute inside it, is queued as given (the worker
+    resolves it against its own root when it loads the data)."""
+    for data_dir in ("cifar", "cifar/not-there-yet", str(datasets_root / "cifar")):
+        body = {"task": "cifar10", "task_options": {"data_dir": data_dir, "depth": 8}}
+        r = post_json(api, body)
+        assert r.status_code == 201, r.text
+        stored = api.store.get_study(r.json()["id"]).spec
+        assert stored["task_options"] == {"data_dir": data_dir, "depth": 8}
+
+
+@pytest.mark.parametrize(
+    ("data_dir", "rule"),
+    [
+        ("escape", "through a symlink"),
+        ("escape/cifar", "through a symlink"),
+        ("{root}/escape", "through a symlink"),
+        ("{root}/../outside", "'..' component"),
+        ("{outside}", "outside the datasets root"),
+    ],
+)
+def test_data_dir_leaving_the_datasets_root_is_refused(
+    api: Api, datasets_root: Path, data_dir: str, rule: str
+) -> None:
+    value = data_dir.format(root=datasets_root, outside=datasets_root.parent / "outside")
+    before = row_counts(api.store.engine)
+    r = post_json(api, {"task": "cifar10", "task_options": {"data_dir": value}})
+    error = assert_error_body(r, 422, "task_options.data_dir")
+    assert rule in error["message"]
+    assert "STAGETUNE_DATASETS_DIR" in error["message"]
+    if "symlink" in rule:  # where the link points is not disclosed
+        assert str(datasets_root.parent / "outside") not in error["message"]
+    assert any(d.get("field") == "task_options.data_dir" for d in error["details"]), error
+    assert row_counts(api.store.engine) == before
 
 
 def test_largest_accepted_body_is_answered_quickly(sqlite_url: str) -> None:

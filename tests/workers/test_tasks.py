@@ -17,6 +17,8 @@ from pydantic import Field
 from torch import nn
 
 from tuner.errors import ConflictError, NotFoundError, StagetuneError, ValidationError
+from tuner.settings import get_settings
+from tuner.spec import StudySpec
 from tuner.tasks import available_tasks
 from workers.tasks import (
     BUILTIN_TASKS,
@@ -221,6 +223,24 @@ def test_registered_task_resolves_lists_and_unregisters(tiny_task: _TinyTask) ->
     register_task(tiny_task)  # for the fixture's clean-up
 
 
+def test_a_registered_task_can_be_used_in_a_study_spec(tiny_task: _TinyTask) -> None:
+    """``register_task`` makes the name valid in a ``StudySpec`` of this process, the options
+    checked with the task's own model; unregistering takes it away again."""
+    assert "tiny-test-task" in available_tasks()
+    spec = StudySpec.from_dict({"task": "tiny-test-task", "task_options": {"scale": 2.0}})
+    assert spec.task_options == {"scale": 2.0}
+    with pytest.raises(ValidationError, match=r"task_options\.scale"):
+        StudySpec.from_dict({"task": "tiny-test-task", "task_options": {"scale": 20}})
+    with pytest.raises(ValidationError, match=r"task_options\.bogus"):
+        StudySpec.from_dict({"task": "tiny-test-task", "task_options": {"bogus": 1}})
+    unregister_task("tiny-test-task")
+    try:
+        with pytest.raises(ValidationError, match="unknown task"):
+            StudySpec.from_dict({"task": "tiny-test-task"})
+    finally:
+        register_task(tiny_task)  # for the fixture's clean-up
+
+
 def test_registering_a_builtin_name_needs_replace() -> None:
     class Shadow(_TinyTask):
         name = "digits"
@@ -388,6 +408,15 @@ def test_synthetic_follows_its_options() -> None:
 # cifar10
 
 
+@pytest.fixture
+def datasets_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``tmp_path`` as the datasets root (``STAGETUNE_DATASETS_DIR``) of this process."""
+    monkeypatch.setenv("STAGETUNE_DATASETS_DIR", str(tmp_path))
+    get_settings.cache_clear()
+    yield tmp_path
+    get_settings.cache_clear()
+
+
 def _write_original_format(directory: Path, n_per_batch: int, seed: int) -> dict[str, Any]:
     """A tiny CIFAR-10 set written the way the original files are laid out (no stagetune code):
     pickled dicts with bytes keys, b"data" uint8 (N, 3072), b"labels" a list of ints."""
@@ -403,6 +432,7 @@ def _write_original_format(directory: Path, n_per_batch: int, seed: int) -> dict
     return written
 
 
+@pytest.mark.usefixtures("datasets_root")
 def test_cifar10_reads_the_python_format(tmp_path: Path) -> None:
     written = _write_original_format(tmp_path / "cifar", n_per_batch=8, seed=0)
     task = get_task("cifar10")
@@ -436,6 +466,7 @@ def test_cifar10_reads_the_python_format(tmp_path: Path) -> None:
     assert torch.equal(quick.val_x, data.val_x)
 
 
+@pytest.mark.usefixtures("datasets_root")
 def test_cifar10_writer_round_trips(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, size=(23, 32, 32, 3), dtype=np.uint8)  # HWC
@@ -449,6 +480,7 @@ def test_cifar10_writer_round_trips(tmp_path: Path) -> None:
     assert (task_data.num_train, task_data.num_val, task_data.num_test) == (20, 3, 4)
 
 
+@pytest.mark.usefixtures("datasets_root")
 def test_cifar10_rejects_missing_directory_and_files(tmp_path: Path) -> None:
     task = get_task("cifar10")
     with pytest.raises(ValidationError, match="does not exist"):
@@ -463,6 +495,7 @@ def test_cifar10_rejects_missing_directory_and_files(tmp_path: Path) -> None:
     assert "data_batch_1" not in message.split("lacks")[1].split("(")[0]
 
 
+@pytest.mark.usefixtures("datasets_root")
 def test_cifar10_rejects_too_large_val_split(tmp_path: Path) -> None:
     _write_original_format(tmp_path / "c", n_per_batch=2, seed=0)
     with pytest.raises(ValidationError, match=r"num_val_samples = 5000 .* 10 training images"):
@@ -474,12 +507,37 @@ class _Payload:
         return (os.system, ("echo pwned",))
 
 
+@pytest.mark.usefixtures("datasets_root")
 def test_cifar10_refuses_pickles_that_run_code(tmp_path: Path) -> None:
     _write_original_format(tmp_path / "c", n_per_batch=2, seed=0)
     with open(tmp_path / "c" / "test_batch", "wb") as fh:
         pickle.dump({b"data": _Payload(), b"labels": [0]}, fh)
     with pytest.raises(ValidationError, match="refusing to load"):
         get_task("cifar10").load_data({"data_dir": str(tmp_path / "c"), "num_val_samples": 1}, 0)
+
+
+def test_cifar10_data_dir_is_relative_to_the_datasets_root(datasets_root: Path) -> None:
+    _write_original_format(datasets_root / "cifar", n_per_batch=2, seed=0)
+    data = get_task("cifar10").load_data({"data_dir": "cifar", "num_val_samples": 2}, 0)
+    assert (data.num_train, data.num_val, data.num_test) == (8, 2, 2)
+
+
+@pytest.mark.parametrize(
+    "data_dir",
+    ["../outside", "/etc", "~root", "file:///etc", "http://example.com/cifar", "link/inner"],
+)
+def test_cifar10_loading_rechecks_the_path_policy(
+    datasets_root: Path, tmp_path_factory: pytest.TempPathFactory, data_dir: str
+) -> None:
+    """The worker checks the path again when it loads (a symlink may have been planted or
+    changed after submission): nothing outside the datasets root is read."""
+    outside = tmp_path_factory.mktemp("outside")
+    _write_original_format(outside / "inner", n_per_batch=2, seed=0)
+    (datasets_root / "link").symlink_to(outside, target_is_directory=True)
+    clear_data_cache()
+    with pytest.raises(ValidationError, match="data_dir") as info:
+        get_task("cifar10").load_data({"data_dir": data_dir, "num_val_samples": 2}, 0)
+    assert "STAGETUNE_DATASETS_DIR" in str(info.value)
 
 
 def test_cifar10_augmentation_crops_and_flips_each_image() -> None:

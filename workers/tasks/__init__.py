@@ -17,14 +17,24 @@ Adding a task from another package
 ----------------------------------
 Subclass :class:`BaseTask` (it validates options and caches loaded data), expose an instance,
 and register it under the entry-point group ``stagetune.tasks`` in that package's
-``pyproject.toml``::
+``pyproject.toml``. Put its options model in a module of its own that imports neither torch
+nor NumPy and publish it under ``stagetune.task_options``: the API then validates the options
+of a submitted study (unknown options, bounds, the path policy) without loading training
+code. A task that publishes no options model is still accepted by name; its options are then
+checked by the worker only, when the study starts (a bad option fails the study)::
 
-    # mypkg/tasks.py
+    # mypkg/options.py: pydantic and tuner only (no torch, no numpy)
     from pydantic import Field
-    from workers.tasks import BaseTask, TaskData, TaskOptions
+    from tuner.task_paths import DataPath
+    from workers.task_options import TaskOptions
 
     class MyOptions(TaskOptions):
         hidden_dim: int = Field(default=64, ge=8, le=1024)
+        data_dir: DataPath = "mydata"   # a path option: the datasets-root policy applies
+
+    # mypkg/tasks.py
+    from workers.tasks import BaseTask, TaskData
+    from mypkg.options import MyOptions
 
     class MyTask(BaseTask[MyOptions]):
         name = "mytask"
@@ -43,9 +53,18 @@ and register it under the entry-point group ``stagetune.tasks`` in that package'
     [project.entry-points."stagetune.tasks"]
     mytask = "mypkg.tasks:TASK"
 
-Reinstall the package (``pip install -e .``) so its metadata lists the entry point; the API then
-accepts ``"mytask"`` and workers load it by name. In tests and notebooks,
-``register_task(MyTask())`` does the same for the current process only.
+    [project.entry-points."stagetune.task_options"]
+    mytask = "mypkg.options:MyOptions"
+
+Reinstall the package (``pip install -e .``) so its metadata lists the entry points; the API then
+accepts ``"mytask"`` and workers load it by name. A path option declared
+:data:`tuner.task_paths.DataPath` reaches ``_load`` as an absolute path inside the datasets
+root (``STAGETUNE_DATASETS_DIR``), checked at submission and again by ``load_data``.
+
+In tests and notebooks, ``register_task(MyTask())`` does the same for the current process only:
+the name is then valid in a ``StudySpec`` of this process (``tuner.tasks.register_task_name``),
+its options checked with the task's own ``options_model``. Worker processes of a study need
+the task too (e.g. ``ScheduleTrainable.extra_tasks``).
 """
 
 from __future__ import annotations
@@ -58,7 +77,7 @@ from functools import partial
 from importlib.metadata import EntryPoint, entry_points
 
 from tuner.errors import ConflictError, NotFoundError, StagetuneError
-from tuner.tasks import ENTRY_POINT_GROUP
+from tuner.tasks import ENTRY_POINT_GROUP, register_task_name, unregister_task_name
 from workers.tasks.base import (
     BaseTask,
     OptimizerDefaults,
@@ -188,7 +207,8 @@ def list_tasks() -> list[TaskInfo]:
 
 
 def register_task(task: Task, *, replace: bool = False) -> Task:
-    """Make ``task`` resolvable by its name in this process (tests, notebooks).
+    """Make ``task`` resolvable by its name in this process (tests, notebooks), and its name
+    valid in a ``StudySpec`` of this process (options checked with ``task.options_model``).
 
     Registering a name that is already known (registered, entry point or built-in) raises
     :class:`ConflictError` unless ``replace=True``, in which case ``task`` takes precedence.
@@ -200,6 +220,7 @@ def register_task(task: Task, *, replace: bool = False) -> Task:
                 f"a task named {checked.name!r} is already known; pass replace=True to override"
             )
         _registered[checked.name] = checked
+        register_task_name(checked.name, checked.options_model)
     return checked
 
 
@@ -212,3 +233,4 @@ def unregister_task(name: str) -> None:
                 f"{', '.join(sorted(_registered)) or 'none'}"
             )
         del _registered[name]
+        unregister_task_name(name)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import types
-import typing
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
@@ -21,11 +19,13 @@ from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, runtime_c
 import numpy as np
 import pydantic
 import torch
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.fields import FieldInfo
+from pydantic import BaseModel
 from torch import nn
 
 from tuner.errors import ValidationError
+from tuner.task_paths import check_data_path, path_fields
+from tuner.tasks import describe_field
+from workers.task_options import TaskOptions
 
 __all__ = [
     "BaseTask",
@@ -36,6 +36,7 @@ __all__ = [
     "TaskOptions",
     "clear_data_cache",
     "derive_seed",
+    "describe_field",
     "evaluate",
     "evaluate_totals",
     "parse_options",
@@ -129,24 +130,6 @@ class OptimizerDefaults:
     weight_decay: float = 0.0
 
 
-class TaskOptions(BaseModel):
-    """Base of every task's options model: unknown keys are rejected, values are immutable.
-
-    ``data_seed`` fixes the data (generation, split) so that every trial of a study sees the
-    same data whatever its own seed; ``None`` derives the data from the seed passed to
-    ``load_data`` instead.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    data_seed: int | None = Field(
-        default=0,
-        ge=0,
-        le=2**32 - 1,
-        description="Seed of data generation and splits; null: use the trial's seed.",
-    )
-
-
 OptionsT = TypeVar("OptionsT", bound=TaskOptions)
 
 
@@ -230,47 +213,6 @@ def task_info(task: Task) -> TaskInfo:
 
 # --------------------------------------------------------------------------------------------
 # option validation with messages a user can act on
-
-
-def _type_name(annotation: Any) -> str:
-    origin = typing.get_origin(annotation)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        names = " or ".join(_type_name(a) for a in args)
-        if len(args) < len(typing.get_args(annotation)):
-            names += " or null"
-        return names
-    simple: dict[Any, str] = {int: "an integer", float: "a number", bool: "true/false"}
-    simple[str] = "a string"
-    return simple.get(annotation) or str(getattr(annotation, "__name__", annotation))
-
-
-def describe_field(info: FieldInfo) -> str:
-    """``"an integer >= 100 and <= 100000, a multiple of 10 (default 5000)"``."""
-    ranges: list[str] = []
-    extras: list[str] = []
-    for meta in info.metadata:
-        for attr, symbol in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-            value = getattr(meta, attr, None)
-            if value is not None:
-                ranges.append(f"{symbol} {value}")
-        multiple = getattr(meta, "multiple_of", None)
-        if multiple is not None:
-            extras.append(f"a multiple of {multiple}")
-        min_length = getattr(meta, "min_length", None)
-        if min_length:
-            extras.append(f"of length >= {min_length}")
-    text = _type_name(info.annotation)
-    if ranges:
-        text += " " + " and ".join(ranges)
-    if extras:
-        text += ", " + ", ".join(extras)
-    if info.is_required():
-        return text + " (required)"
-    default = info.get_default(call_default_factory=True)
-    return text + f" (default {'null' if default is None else repr(default)})"
 
 
 def parse_options(
@@ -403,7 +345,7 @@ class BaseTask(ABC, Generic[OptionsT]):
         return dumped
 
     def load_data(self, options: Mapping[str, Any] | None, seed: int) -> TaskData:
-        opts = self.parse(options)
+        opts = self.resolve_paths(self.parse(options))
         data_seed = opts.data_seed if opts.data_seed is not None else int(seed)
         key = (
             type(self).__module__,
@@ -420,6 +362,21 @@ class BaseTask(ABC, Generic[OptionsT]):
             data = self._load(opts, data_seed)
             _CACHE.put(key, data)
             return data
+
+    def resolve_paths(self, opts: OptionsT) -> OptionsT:
+        """``opts`` with every :data:`~tuner.task_paths.DataPath` option replaced by the
+        absolute path it names, re-checked against this process's datasets root (the path
+        policy of :mod:`tuner.task_paths`; symlinks may have changed since submission).
+
+        :meth:`load_data` calls it, so ``_load`` and ``_fingerprint`` see resolved paths.
+        """
+        resolved: dict[str, str] = {}
+        for name in path_fields(type(opts)):
+            value = getattr(opts, name)
+            if value is not None:
+                option = f"{self.name} option {name}"
+                resolved[name] = str(check_data_path(str(value), option=option))
+        return opts.model_copy(update=resolved) if resolved else opts
 
     def build_model(self, options: Mapping[str, Any] | None) -> nn.Module:
         return self._build(self.parse(options))

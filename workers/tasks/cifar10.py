@@ -4,7 +4,10 @@
 folder): ``data_batch_1`` .. ``data_batch_5`` and ``test_batch``, each a pickled dict with
 ``b"data"`` (uint8, ``(N, 3072)``: the 1024 red, then green, then blue values of a 32x32 image,
 row-major) and ``b"labels"`` (N ints in 0..9); ``batches.meta`` is optional. Nothing is
-downloaded.
+downloaded. ``data_dir`` is a :data:`~tuner.task_paths.DataPath`: a path relative to the
+datasets root (``STAGETUNE_DATASETS_DIR``, default ``<STAGETUNE_DATA_DIR>/datasets``), or an
+absolute path inside it; the API refuses anything else at submission, and ``load_data``
+checks it again.
 
 **The directory must be trusted.** The format is a pickle. Files are read with an unpickler that
 only accepts the NumPy array reconstructors and plain containers, which blocks the usual
@@ -31,11 +34,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field, field_validator
 from torch import nn
 
 from tuner.errors import ValidationError
-from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, TaskOptions, derive_seed
+from tuner.task_paths import check_data_path
+from workers.task_options import Cifar10Options
+from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, derive_seed
 from workers.tasks.models import CifarResNet
 
 __all__ = [
@@ -73,32 +77,6 @@ CIFAR10_LABEL_NAMES = (
 )
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-
-
-class Cifar10Options(TaskOptions):
-    data_dir: str = Field(
-        min_length=1,
-        description="Trusted directory with data_batch_1..5 and test_batch (python format).",
-    )
-    num_val_samples: int = Field(
-        default=5000, ge=1, le=49_999, description="Validation images carved from training."
-    )
-    max_train_samples: int | None = Field(
-        default=None, ge=1, le=50_000, description="Use at most this many training images."
-    )
-    max_test_samples: int | None = Field(
-        default=None, ge=1, le=10_000, description="Use at most this many test images."
-    )
-    depth: int = Field(default=20, ge=8, le=110, description="ResNet depth, 6n + 2.")
-    width: int = Field(default=16, ge=4, le=128, description="Channels of the first stage.")
-    augment: bool = Field(default=True, description="Random crop + flip of training batches.")
-
-    @field_validator("depth")
-    @classmethod
-    def _depth_is_6n_plus_2(cls, depth: int) -> int:
-        if (depth - 2) % 6:
-            raise ValueError("depth must be 6n + 2 (8, 14, 20, 32, 44, 56, 110)")
-        return depth
 
 
 # --------------------------------------------------------------------------------------------
@@ -270,15 +248,15 @@ def write_synthetic_cifar10(
 
 
 def _resolve_dir(data_dir: str) -> Path:
-    path = Path(data_dir).expanduser()
-    resolved = path.resolve()
-    where = f"{data_dir!r}" + (
-        f" (resolved to {str(resolved)!r})" if str(path) != str(resolved) else ""
-    )
+    """The data directory, inside the datasets root (``load_data`` has resolved ``data_dir``
+    already: checking again costs a ``realpath``)."""
+    resolved = check_data_path(data_dir, option="cifar10 option data_dir")
+    where = repr(data_dir)
     if not resolved.is_dir():
         raise ValidationError(
-            f"cifar10 option data_dir: directory {where} does not exist; pass the absolute path "
-            "of the extracted cifar-10-batches-py folder"
+            f"cifar10 option data_dir: directory {where} does not exist; put the extracted "
+            "cifar-10-batches-py folder under the datasets root (STAGETUNE_DATASETS_DIR) and "
+            "pass its path relative to the root"
         )
     missing = [name for name in (*TRAIN_FILES, TEST_FILE) if not (resolved / name).is_file()]
     if missing:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from pydantic import Field
 from torch import nn
 
-from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, TaskOptions
+from workers.task_options import DigitsOptions
+from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData
 from workers.tasks.models import MLP
 
 __all__ = ["TASK", "DigitsOptions", "DigitsTask"]
@@ -21,11 +21,6 @@ NUM_FEATURES = 64
 NUM_CLASSES = 10
 VAL_FRACTION = 0.2
 TEST_FRACTION = 0.2
-
-
-class DigitsOptions(TaskOptions):
-    hidden_dim: int = Field(default=128, ge=8, le=4096, description="Width of the hidden layers.")
-    num_hidden_layers: int = Field(default=1, ge=0, le=8, description="Hidden layers of the MLP.")
 
 
 class DigitsTask(BaseTask[DigitsOptions]):

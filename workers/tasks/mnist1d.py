@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 from torch import nn
 
-from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, TaskOptions, derive_seed
+from workers.task_options import Mnist1dOptions
+from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, derive_seed
 from workers.tasks.models import Conv1dNet
 
 __all__ = ["TASK", "Mnist1dOptions", "Mnist1dTask", "generate_mnist1d"]
@@ -30,19 +30,6 @@ NUM_CLASSES = 10
 
 # mnist1d seeds NumPy's and Python's global RNGs; one generation at a time per process.
 _GENERATION_LOCK = threading.Lock()
-
-
-class Mnist1dOptions(TaskOptions):
-    num_train_samples: int = Field(
-        default=5000, ge=100, le=200_000, multiple_of=10, description="Training samples."
-    )
-    num_val_samples: int = Field(
-        default=2000, ge=100, le=100_000, multiple_of=10, description="Validation samples."
-    )
-    num_test_samples: int = Field(
-        default=8000, ge=100, le=100_000, multiple_of=10, description="Held-out test samples."
-    )
-    width: int = Field(default=32, ge=4, le=512, description="Channels of the first conv layers.")
 
 
 def generate_mnist1d(

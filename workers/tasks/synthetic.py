@@ -13,42 +13,13 @@ from __future__ import annotations
 import math
 
 import torch
-from pydantic import Field, model_validator
 from torch import nn
 
-from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, TaskOptions, derive_seed
+from workers.task_options import MAX_TOTAL_VALUES, SyntheticOptions
+from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, derive_seed
 from workers.tasks.models import MLP
 
 __all__ = ["MAX_TOTAL_VALUES", "TASK", "SyntheticOptions", "SyntheticTask"]
-
-#: Upper bound of (train + val + test samples) x features: 2**28 float32 values = 1 GiB.
-MAX_TOTAL_VALUES = 2**28
-
-
-class SyntheticOptions(TaskOptions):
-    num_samples: int = Field(default=10_000, ge=10, le=10_000_000, description="Train samples.")
-    num_val_samples: int = Field(default=2000, ge=1, le=1_000_000, description="Val samples.")
-    num_test_samples: int = Field(default=2000, ge=1, le=1_000_000, description="Test samples.")
-    num_features: int = Field(default=32, ge=1, le=65_536, description="Input dimension.")
-    num_classes: int = Field(default=10, ge=2, le=10_000, description="Number of classes.")
-    class_sep: float = Field(
-        default=5.0, gt=0.0, le=100.0, description="Typical distance between class centres."
-    )
-    hidden_dim: int = Field(default=256, ge=1, le=16_384, description="MLP hidden width.")
-    num_hidden_layers: int = Field(default=2, ge=0, le=16, description="MLP hidden layers.")
-
-    @model_validator(mode="after")
-    def _fits_in_memory(self) -> SyntheticOptions:
-        total = (self.num_samples + self.num_val_samples + self.num_test_samples) * (
-            self.num_features
-        )
-        if total > MAX_TOTAL_VALUES:
-            raise ValueError(
-                f"(num_samples + num_val_samples + num_test_samples) x num_features = {total:,} "
-                f"values exceeds the limit of {MAX_TOTAL_VALUES:,} (1 GiB of float32); "
-                "reduce the sample counts or num_features"
-            )
-        return self
 
 
 def _generate(centres: torch.Tensor, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

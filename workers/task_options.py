@@ -1,0 +1,121 @@
+"""The options models of the built-in tasks, and their base :class:`TaskOptions`.
+
+This module imports neither torch nor NumPy (only pydantic and :mod:`tuner`), so the API can
+validate a study's ``task_options`` at submission without loading training code: each model
+is published under the entry-point group ``stagetune.task_options`` (see ``pyproject.toml``)
+and loaded by :func:`tuner.tasks.validate_task_options`. The task modules
+(:mod:`workers.tasks.cifar10`, ...) use these models and re-export them under the same names.
+
+An option that is a path to data is declared :data:`tuner.task_paths.DataPath`: the path
+policy (inside the datasets root ``STAGETUNE_DATASETS_DIR``; no URL, ``~`` or ``..``) applies
+to it at submission and again when the worker loads the data.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tuner.task_paths import DataPath
+
+__all__ = [
+    "MAX_TOTAL_VALUES",
+    "Cifar10Options",
+    "DigitsOptions",
+    "Mnist1dOptions",
+    "SyntheticOptions",
+    "TaskOptions",
+]
+
+
+class TaskOptions(BaseModel):
+    """Base of every task's options model: unknown keys are rejected, values are immutable.
+
+    ``data_seed`` fixes the data (generation, split) so that every trial of a study sees the
+    same data whatever its own seed; ``None`` derives the data from the seed passed to
+    ``load_data`` instead.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data_seed: int | None = Field(
+        default=0,
+        ge=0,
+        le=2**32 - 1,
+        description="Seed of data generation and splits; null: use the trial's seed.",
+    )
+
+
+class Mnist1dOptions(TaskOptions):
+    num_train_samples: int = Field(
+        default=5000, ge=100, le=200_000, multiple_of=10, description="Training samples."
+    )
+    num_val_samples: int = Field(
+        default=2000, ge=100, le=100_000, multiple_of=10, description="Validation samples."
+    )
+    num_test_samples: int = Field(
+        default=8000, ge=100, le=100_000, multiple_of=10, description="Held-out test samples."
+    )
+    width: int = Field(default=32, ge=4, le=512, description="Channels of the first conv layers.")
+
+
+class DigitsOptions(TaskOptions):
+    hidden_dim: int = Field(default=128, ge=8, le=4096, description="Width of the hidden layers.")
+    num_hidden_layers: int = Field(default=1, ge=0, le=8, description="Hidden layers of the MLP.")
+
+
+#: Upper bound of synthetic's (train + val + test samples) x features: 2**28 float32 = 1 GiB.
+MAX_TOTAL_VALUES: Final = 2**28
+
+
+class SyntheticOptions(TaskOptions):
+    num_samples: int = Field(default=10_000, ge=10, le=10_000_000, description="Train samples.")
+    num_val_samples: int = Field(default=2000, ge=1, le=1_000_000, description="Val samples.")
+    num_test_samples: int = Field(default=2000, ge=1, le=1_000_000, description="Test samples.")
+    num_features: int = Field(default=32, ge=1, le=65_536, description="Input dimension.")
+    num_classes: int = Field(default=10, ge=2, le=10_000, description="Number of classes.")
+    class_sep: float = Field(
+        default=5.0, gt=0.0, le=100.0, description="Typical distance between class centres."
+    )
+    hidden_dim: int = Field(default=256, ge=1, le=16_384, description="MLP hidden width.")
+    num_hidden_layers: int = Field(default=2, ge=0, le=16, description="MLP hidden layers.")
+
+    @model_validator(mode="after")
+    def _fits_in_memory(self) -> SyntheticOptions:
+        total = (self.num_samples + self.num_val_samples + self.num_test_samples) * (
+            self.num_features
+        )
+        if total > MAX_TOTAL_VALUES:
+            raise ValueError(
+                f"(num_samples + num_val_samples + num_test_samples) x num_features = {total:,} "
+                f"values exceeds the limit of {MAX_TOTAL_VALUES:,} (1 GiB of float32); "
+                "reduce the sample counts or num_features"
+            )
+        return self
+
+
+class Cifar10Options(TaskOptions):
+    data_dir: DataPath = Field(
+        description="Trusted directory with data_batch_1..5 and test_batch (python format), "
+        "relative to the datasets root (STAGETUNE_DATASETS_DIR) or an absolute path inside it.",
+    )
+    num_val_samples: int = Field(
+        default=5000, ge=1, le=49_999, description="Validation images carved from training."
+    )
+    max_train_samples: int | None = Field(
+        default=None, ge=1, le=50_000, description="Use at most this many training images."
+    )
+    max_test_samples: int | None = Field(
+        default=None, ge=1, le=10_000, description="Use at most this many test images."
+    )
+    depth: int = Field(default=20, ge=8, le=110, description="ResNet depth, 6n + 2.")
+    width: int = Field(default=16, ge=4, le=128, description="Channels of the first stage.")
+    augment: bool = Field(default=True, description="Random crop + flip of training batches.")
+
+    @field_validator("depth")
+    @classmethod
+    def _depth_is_6n_plus_2(cls, depth: int) -> int:
+        if (depth - 2) % 6:
+            raise ValueError("depth must be 6n + 2 (8, 14, 20, 32, 44, 56, 110)")
+        return depth
