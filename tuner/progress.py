@@ -4,7 +4,8 @@
 :class:`StoreProgress` (a ``ray.tune.Callback``):
 
 * ``on_trial_start``: the trial (number, schedule, Optuna params, baseline name) is created,
-  or found again when a resumed experiment restarts it (``upsert_trial``);
+  or started again when a resumed experiment re-runs it (``start_trial``: the store counts
+  the re-run in ``restarts``);
 * ``on_trial_result``: the epoch's metrics (a replayed epoch replaces the earlier report);
 * ``on_trial_complete`` / ``on_trial_error``: the trial is finished as ``completed`` (all
   epochs, or the target accuracy reached), ``stopped`` (ended early by ASHA or a cancel:
@@ -199,7 +200,7 @@ class StoreProgress(tune.Callback):
 
     # ------------------------------------------------------------------ trials
 
-    def _record_id(self, trial: Any) -> int | None:
+    def _record_id(self, trial: Any, *, start: bool = False) -> int | None:
         if trial.trial_id in self._ids:
             return self._ids[trial.trial_id]
         meta = TrialMeta.from_config(trial.config)
@@ -209,8 +210,11 @@ class StoreProgress(tune.Callback):
         params = dict(meta.params)
         if meta.optuna_trial is not None:
             params = {**params, "optuna_trial": meta.optuna_trial}
+        # A start (re-)runs a trial whose previous run cannot go on (``restarts`` + 1);
+        # other look-ups only find the trial again.
+        persist = self.store.start_trial if start else self.store.upsert_trial
         try:
-            record = self.store.upsert_trial(
+            record = persist(
                 self.study_id,
                 meta.number,
                 dict(trial.config.get("schedule") or {}),
@@ -232,7 +236,7 @@ class StoreProgress(tune.Callback):
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._ids.pop(trial.trial_id, None)  # a restarted trial is looked up again
-        self._record_id(trial)
+        self._record_id(trial, start=True)
 
     def on_trial_result(
         self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any

@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import func, insert, select
 
 from tuner.errors import ConflictError, InvalidStateError, NotFoundError, ValidationError
+from tuner.schedule import Schedule, Stage
 from tuner.store import (
     StudyRecord,
     StudyStatus,
@@ -483,6 +484,77 @@ def test_upsert_trial_is_idempotent(store: StudyStore) -> None:
     assert store.next_trial_number(study.id) == 1
 
 
+def test_start_trial_counts_the_reruns_of_an_interrupted_trial(
+    store: StudyStore, clock: FakeClock
+) -> None:
+    study = running_study(store, worker="w1")
+    first = store.start_trial(study.id, 0, SCHEDULE, {"n": 0})
+    assert (first.status, first.restarts, first.restart_reason) == ("running", 0, None)
+    store.add_epoch_metrics(first.id, 0, {"val_accuracy": 0.3})
+    store.add_epoch_metrics(first.id, 1, {"val_accuracy": 0.4})
+    done = store.start_trial(study.id, 1, SCHEDULE, {"n": 1})
+    store.finish_trial(done.id, "completed", final={"val_accuracy": 0.5})
+
+    # Worker w1 dies; w2 takes the study over and the resumed experiment starts trial 0 again.
+    clock.advance(120)
+    taken = store.claim_study("w2", stale_after_s=60)
+    assert taken is not None
+    assert (taken.id, taken.attempts) == (study.id, 2)
+    again = store.start_trial(study.id, 0, json.loads(json.dumps(SCHEDULE)), {"n": 0})
+    assert again.id == first.id
+    assert (again.status, again.restarts, again.epochs_done) == ("running", 1, 0)
+    assert again.restart_reason is not None
+    assert "did not finish" in again.restart_reason
+    assert "claim 2" in again.restart_reason
+    assert again.started_at > first.started_at
+    assert store.trial_metrics(first.id) == []  # the interrupted run's epochs are gone
+    # Finding the trial again (not a start) counts nothing; a finished trial is not re-run.
+    assert store.upsert_trial(study.id, 0, SCHEDULE, {"n": 0}).restarts == 1
+    replay = store.start_trial(study.id, 1, SCHEDULE, {"n": 1})
+    assert (replay.status, replay.restarts, replay.val_accuracy) == ("completed", 0, 0.5)
+    with pytest.raises(ConflictError, match="different schedule"):
+        store.start_trial(study.id, 0, SCHEDULE, {"n": 9})
+
+    # A graceful release fails the running trial; the next claim runs it again.
+    store.release_study(study.id, "w2")
+    released = store.get_trial(study.id, 0)
+    assert (released.status, released.stop_reason) == ("failed", "worker released the study")
+    with pytest.raises(InvalidStateError, match="is queued"):
+        store.start_trial(study.id, 0, SCHEDULE, {"n": 0})
+    store.claim_study("w3", stale_after_s=60)
+    rerun = store.start_trial(study.id, 0, SCHEDULE, {"n": 0})
+    assert (rerun.status, rerun.restarts, rerun.stop_reason, rerun.finished_at) == (
+        "running",
+        2,
+        None,
+        None,
+    )
+    assert rerun.restart_reason is not None
+    assert "failed: worker released the study" in rerun.restart_reason
+    assert "claim 3" in rerun.restart_reason
+    assert store.get_study(study.id).trials_running == 1
+    finished = store.finish_trial(rerun.id, "completed", final={"val_accuracy": 0.6})
+    assert (finished.restarts, finished.val_accuracy) == (2, 0.6)
+    # A trial failed for another reason stays failed.
+    broken = store.start_trial(study.id, 2, SCHEDULE, {"n": 2})
+    store.finish_trial(broken.id, "failed", stop_reason="error: boom")
+    assert store.start_trial(study.id, 2, SCHEDULE, {"n": 2}).status == "failed"
+
+
+def test_trials_keep_a_summary_of_their_schedule(store: StudyStore) -> None:
+    study = running_study(store)
+    valid = Schedule(
+        stages=(Stage(0, 4, 64), Stage(4, 12, 512)), base_lr=0.1, base_batch_size=64
+    ).to_dict()
+    assert store.create_trial(study.id, 0, valid, {}).schedule_summary == "64@0-4 -> 512@4-12"
+    invalid = trial(store, study.id, 1)  # SCHEDULE lacks the units
+    assert invalid.schedule_summary is None
+    assert [t.schedule_summary for t in store.list_trials(study.id).items] == [
+        "64@0-4 -> 512@4-12",
+        None,
+    ]
+
+
 def test_epoch_metrics_are_idempotent_per_epoch(store: StudyStore) -> None:
     study = running_study(store)
     t = trial(store, study.id, 0)
@@ -618,6 +690,56 @@ def test_list_trials_sorts_filters_and_paginates(store: StudyStore) -> None:
         store.list_trials(study.id, sort="schedule")
     with pytest.raises(ValidationError, match="unknown trial status"):
         store.list_trials(study.id, status="done")
+
+
+def test_list_trials_pages_across_missing_values_in_both_directions(store: StudyStore) -> None:
+    study = running_study(store, budget=40)
+    values: dict[int, float | None] = {}
+    for number in range(23):
+        t = trial(store, study.id, number)
+        value = None if number % 3 == 0 else float(number % 4)
+        values[number] = value
+        store.finish_trial(t.id, "completed", final={"val_loss": value})
+
+    def expected(descending: bool) -> list[int]:
+        present = [n for n, v in values.items() if v is not None]
+        present.sort(key=lambda n: (-(values[n] or 0) if descending else values[n] or 0, n))
+        return present + [n for n, v in values.items() if v is None]
+
+    for sort, descending in (("val_loss", False), ("-val_loss", True)):
+        for limit in (1, 4, 7, 50):
+            seen: list[int] = []
+            for offset in range(0, 25, limit):
+                page = store.list_trials(study.id, sort=sort, limit=limit, offset=offset)
+                assert page.total == 23
+                seen.extend(t.number for t in page.items)
+            assert seen == expected(descending), (sort, limit)
+    assert store.list_trials(study.id, sort="-val_loss", offset=30).items == ()
+    with pytest.raises(NotFoundError):
+        store.list_trials(12345)
+
+
+def test_study_curves_pages_trials_in_number_order(store: StudyStore) -> None:
+    study = running_study(store)
+    empty = store.study_curves(study.id)
+    assert (empty.items, empty.total) == ((), 0)
+    for number in (2, 0, 1, 3):
+        t = trial(store, study.id, number, baseline="smith" if number == 0 else None)
+        for epoch in (2, 0, 1) if number != 1 else ():
+            store.add_epoch_metrics(t.id, epoch, {"val_accuracy": number + epoch / 10})
+    page = store.study_curves(study.id, limit=2, offset=1)
+    assert (page.total, page.limit, page.offset, page.has_more) == (4, 2, 1, True)
+    assert [c.number for c in page.items] == [1, 2]
+    assert page.items[0].epochs == ()
+    assert [m.epoch for m in page.items[1].epochs] == [0, 1, 2]
+    assert list(page.items[1].epochs) == store.study_metrics(study.id)[2]
+    first = store.study_curves(study.id, limit=1).items[0]
+    assert (first.number, first.baseline, first.status) == (0, "smith", "running")
+    assert first.trial_id == store.get_trial(study.id, 0).id
+    with pytest.raises(NotFoundError):
+        store.study_curves(12345)
+    with pytest.raises(ValidationError, match="limit"):
+        store.study_curves(study.id, limit=0)
 
 
 def test_study_metrics_returns_every_curve_keyed_by_trial_number(store: StudyStore) -> None:

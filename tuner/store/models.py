@@ -52,6 +52,19 @@ WORKER_ID_MAX = 200
 BASELINE_MAX = 64
 STATUS_MAX = 16
 
+TRIAL_SORT_INDEXES = (
+    "val_accuracy",
+    "val_loss",
+    "wall_time_s",
+    "steps",
+    "samples",
+    "mean_batch_size",
+    "epochs_done",
+    "started_at",
+    "finished_at",
+)
+"""Trial columns with a ``(study_id, <column>, number)`` index (the sort keys but ``number``)."""
+
 
 class UTCDateTime(TypeDecorator[datetime]):
     """A timezone-aware UTC timestamp on every backend.
@@ -137,7 +150,13 @@ class TrialRow(Base):
         CheckConstraint(_in("status", TRIAL_STATUSES), name="status"),
         CheckConstraint("number >= 0", name="number_nonnegative"),
         Index("ix_stagetune_trials_study_id_status", "study_id", "status"),
-        Index("ix_stagetune_trials_study_id_val_accuracy", "study_id", "val_accuracy"),
+        # One (study_id, key, number) index per sort key of StudyStore.list_trials (the
+        # number itself has the unique constraint): a page of ids is read from the index in
+        # order (ties by number) instead of sorting the study's rows. See TRIAL_SORT_INDEXES.
+        *(
+            Index(f"ix_stagetune_trials_study_id_{key}_number", "study_id", key, "number")
+            for key in TRIAL_SORT_INDEXES
+        ),
         {"sqlite_autoincrement": True},
     )
 
@@ -159,6 +178,15 @@ class TrialRow(Base):
     wall_time_s: Mapped[float | None] = mapped_column(Double)
     mean_batch_size: Mapped[float | None] = mapped_column(Double)
     objective_values: Mapped[dict[str, Any] | None] = mapped_column(json_type(nullable=True))
+    # The schedule in one line ("64@0-3 -> 256@3-8"), computed when the trial is written so
+    # that listings do not validate every schedule again; NULL for an invalid schedule and
+    # for trials written before this column existed (readers compute it then).
+    schedule_summary: Mapped[str | None] = mapped_column(Text)
+    # How many times the trial was started again after its first start (a resumed or
+    # taken-over study re-runs its unfinished trials from the first epoch), and why the
+    # last re-run happened.
+    restarts: Mapped[int] = mapped_column(Integer, server_default="0")
+    restart_reason: Mapped[str | None] = mapped_column(Text)
 
 
 class TrialMetricRow(Base):

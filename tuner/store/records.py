@@ -127,6 +127,15 @@ class TrialRecord:
     wall_time_s: float | None
     mean_batch_size: float | None
     objective_values: dict[str, float | None] | None
+    restarts: int = 0
+    """How many times the trial was started again after its first start: a study resumed
+    after its worker was lost (taken over, or released and claimed again) re-runs its
+    unfinished trials from the first epoch, and Tune retries a trial that raised."""
+    restart_reason: str | None = None
+    """Why the trial was last started again (``None`` if it never was)."""
+    schedule_summary: str | None = None
+    """The schedule in one line (``"64@0-3 -> 256@3-8"``) as computed when the trial was
+    written; ``None`` for an invalid schedule or a trial written by an older version."""
 
     @property
     def is_baseline(self) -> bool:
@@ -154,6 +163,17 @@ class EpochMetrics:
     lr: float | None
     noise_scale: float | None
     extra: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TrialCurve:
+    """One trial's learning curve: who it is and its per-epoch metrics, by epoch."""
+
+    trial_id: int
+    number: int
+    baseline: str | None
+    status: TrialStatus
+    epochs: tuple[EpochMetrics, ...]
 
 
 @dataclass(frozen=True, slots=True)

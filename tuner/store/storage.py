@@ -24,6 +24,7 @@ columns and inside JSON, so both backends keep and sort the same values.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -33,10 +34,13 @@ from typing import Any, cast
 
 from sqlalchemy import (
     ColumnElement,
+    Connection,
     CursorResult,
     Engine,
+    Executable,
     Result,
     and_,
+    bindparam,
     delete,
     func,
     literal,
@@ -50,6 +54,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tuner.errors import ConflictError, InvalidStateError, NotFoundError, ValidationError
+from tuner.schedule import Schedule, ScheduleError
 from tuner.store import migrate
 from tuner.store.engine import display_url, make_engine, normalize_url, write_engine
 from tuner.store.models import (
@@ -69,6 +74,7 @@ from tuner.store.records import (
     Page,
     StudyRecord,
     StudyStatus,
+    TrialCurve,
     TrialRecord,
     TrialStatus,
 )
@@ -105,6 +111,10 @@ TRIAL_SORT_KEYS = (
     "finished_at",
 )
 """Sort keys of :meth:`StudyStore.list_trials`; prefix ``-`` for descending."""
+
+RELEASED_REASON = "worker released the study"
+"""The ``stop_reason`` of trials failed by :meth:`StudyStore.release_study`: the only failed
+trials :meth:`StudyStore.start_trial` runs again (the resumed study re-runs them)."""
 
 _CLAIM_RETRIES = 20
 _STALE_CANCEL_ERROR = "cancelled: its worker stopped sending heartbeats while a cancel was pending"
@@ -261,26 +271,57 @@ def _split_metrics(
 
 
 def _trial_record(row: TrialRow) -> TrialRecord:
-    return TrialRecord(
-        id=row.id,
-        study_id=row.study_id,
-        number=row.number,
-        baseline=row.baseline,
-        schedule=row.schedule,
-        params=row.params,
-        status=TrialStatus(row.status),
-        stop_reason=row.stop_reason,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        epochs_done=row.epochs_done,
-        val_accuracy=row.val_accuracy,
-        val_loss=row.val_loss,
-        steps=row.steps,
-        samples=row.samples,
-        wall_time_s=row.wall_time_s,
-        mean_batch_size=row.mean_batch_size,
-        objective_values=row.objective_values,
-    )
+    return _trial_record_of([getattr(row, c.key) for c in _TRIAL_COLUMNS])
+
+
+_TRIAL_COLUMNS = (
+    TrialRow.id,
+    TrialRow.study_id,
+    TrialRow.number,
+    TrialRow.baseline,
+    TrialRow.schedule,
+    TrialRow.params,
+    TrialRow.status,
+    TrialRow.stop_reason,
+    TrialRow.started_at,
+    TrialRow.finished_at,
+    TrialRow.epochs_done,
+    TrialRow.val_accuracy,
+    TrialRow.val_loss,
+    TrialRow.steps,
+    TrialRow.samples,
+    TrialRow.wall_time_s,
+    TrialRow.mean_batch_size,
+    TrialRow.objective_values,
+    TrialRow.restarts,
+    TrialRow.restart_reason,
+    TrialRow.schedule_summary,
+)
+"""The columns of a :class:`TrialRecord`, in its field order (Core reads: no ORM objects)."""
+
+_TRIAL_STATUS_INDEX = 6
+
+
+def _trial_record_of(values: Sequence[Any]) -> TrialRecord:
+    """A ``TrialRecord`` from a row of :data:`_TRIAL_COLUMNS` (in that order)."""
+    values = list(values)
+    values[_TRIAL_STATUS_INDEX] = TrialStatus(values[_TRIAL_STATUS_INDEX])
+    return TrialRecord(*values)
+
+
+def _can_rerun(row: TrialRow) -> bool:
+    """Whether :meth:`StudyStore.start_trial` runs an existing trial again."""
+    if row.status == TrialStatus.RUNNING:
+        return True
+    return row.status == TrialStatus.FAILED and row.stop_reason == RELEASED_REASON
+
+
+def summarize_schedule(document: Mapping[str, Any]) -> str | None:
+    """``"64@0-3 -> 256@3-8"`` for a schedule document, ``None`` if it is not a valid one."""
+    try:
+        return Schedule.from_dict(document).summary()
+    except ScheduleError:
+        return None
 
 
 _METRIC_COLUMNS = (
@@ -303,6 +344,28 @@ _METRIC_COLUMNS = (
 def _metrics_record(values: Sequence[Any]) -> EpochMetrics:
     """An ``EpochMetrics`` from a row of :data:`_METRIC_COLUMNS` (in that order)."""
     return EpochMetrics(*values)
+
+
+@functools.cache
+def _study_query() -> Any:
+    """A study with its trial counts and best trial number (built once: the aliases' column
+    collections are costly to derive on every call)."""
+    trials = TrialRow.__table__.alias("t")
+    done = (
+        select(func.count())
+        .select_from(trials)
+        .where(trials.c.study_id == StudyRow.id, trials.c.status != TrialStatus.RUNNING)
+        .scalar_subquery()
+    )
+    running = (
+        select(func.count())
+        .select_from(trials)
+        .where(trials.c.study_id == StudyRow.id, trials.c.status == TrialStatus.RUNNING)
+        .scalar_subquery()
+    )
+    best = TrialRow.__table__.alias("best")
+    best_number = select(best.c.number).where(best.c.id == StudyRow.best_trial_id).scalar_subquery()
+    return select(StudyRow, done, running, best_number)
 
 
 # -- the store ------------------------------------------------------------------------------
@@ -390,28 +453,8 @@ class StudyStore:
                 ) from exc
             raise
 
-    def _study_query(self) -> Any:
-        trials = TrialRow.__table__.alias("t")
-        done = (
-            select(func.count())
-            .select_from(trials)
-            .where(trials.c.study_id == StudyRow.id, trials.c.status != TrialStatus.RUNNING)
-            .scalar_subquery()
-        )
-        running = (
-            select(func.count())
-            .select_from(trials)
-            .where(trials.c.study_id == StudyRow.id, trials.c.status == TrialStatus.RUNNING)
-            .scalar_subquery()
-        )
-        best = TrialRow.__table__.alias("best")
-        best_number = (
-            select(best.c.number).where(best.c.id == StudyRow.best_trial_id).scalar_subquery()
-        )
-        return select(StudyRow, done, running, best_number)
-
     def _study_records(self, session: Session, *where: ColumnElement[bool]) -> list[StudyRecord]:
-        rows = session.execute(self._study_query().where(*where)).all()
+        rows = session.execute(_study_query().where(*where)).all()
         return [self._study_record(*row) for row in rows]
 
     @staticmethod
@@ -538,7 +581,7 @@ class StudyStore:
                 select(func.count()).select_from(StudyRow).where(*where)
             ).scalar_one()
             rows = session.execute(
-                self._study_query()
+                _study_query()
                 .where(*where)
                 .order_by(StudyRow.created_at.desc(), StudyRow.id.desc())
                 .limit(limit)
@@ -665,7 +708,7 @@ class StudyStore:
                 row.status = StudyStatus.CANCELLED.value
                 row.finished_at = now
             else:
-                self._fail_trials(session, study_id, "worker released the study", now)
+                self._fail_trials(session, study_id, RELEASED_REASON, now)
                 row.status = StudyStatus.QUEUED.value
             row.worker_id = None
             row.heartbeat_at = None
@@ -806,14 +849,17 @@ class StudyStore:
         number = _int(number, "trial number")
         if number < 0:
             raise ValidationError(f"trial number must not be negative, not {number}")
+        document = _json_object(schedule, "schedule")
         return TrialRow(
             study_id=study_id,
             number=number,
             baseline=_optional_text(baseline, "baseline", BASELINE_MAX),
-            schedule=_json_object(schedule, "schedule"),
+            schedule=document,
             params=_json_object(params, "params"),
             status=TrialStatus.RUNNING.value,
             epochs_done=0,
+            schedule_summary=summarize_schedule(document),
+            restarts=0,
         )
 
     def _find_trial(self, session: Session, study_id: int, number: int) -> TrialRow | None:
@@ -871,20 +917,90 @@ class StudyStore:
                     existing = self._find_trial(session, study_id, row.number)
                     if existing is None:
                         return self._insert_trial(session, row)
-                    same = (
-                        existing.schedule == row.schedule
-                        and existing.params == row.params
-                        and existing.baseline == row.baseline
-                    )
-                    if not same:
-                        raise ConflictError(
-                            f"study {study_id} already has a trial number {row.number} with a "
-                            "different schedule, params or baseline"
-                        )
+                    self._check_same_trial(existing, row)
                     return _trial_record(existing)
             except IntegrityError:  # lost a race with a concurrent insert: read it back
                 continue
         raise ConflictError(f"study {study_id} already has a trial number {row.number}")
+
+    def start_trial(
+        self,
+        study_id: int,
+        number: int,
+        schedule: Mapping[str, Any],
+        params: Mapping[str, Any],
+        *,
+        baseline: str | None = None,
+    ) -> TrialRecord:
+        """Record that trial ``number`` starts: :meth:`create_trial` for a new number, and a
+        re-run of an existing trial with the same schedule, params and baseline when its
+        previous run cannot go on (``ConflictError`` if they differ):
+
+        * a ``running`` trial (its previous run never finished: the study was resumed after
+          its worker was lost or taken over, or Tune retries it after an error), or a
+          ``failed`` one whose worker released the study (:data:`RELEASED_REASON`), is
+          running again from scratch: ``restarts`` + 1, ``restart_reason`` says what became
+          of the previous run, its epoch metrics and final values are cleared and
+          ``started_at`` is now. The study must be running (``InvalidStateError``);
+        * any other finished trial is returned unchanged (a replay of a finished trial is
+          not recorded).
+        """
+        row = self._new_trial(study_id, number, schedule, params, baseline)
+        for _ in range(2):
+            try:
+                with self._session(write=True) as session:
+                    existing = self._find_trial(session, study_id, row.number)
+                    if existing is None:
+                        return self._insert_trial(session, row)
+                    self._check_same_trial(existing, row)
+                    if not _can_rerun(existing):
+                        return _trial_record(existing)
+                    return self._restart_trial(session, existing)
+            except IntegrityError:  # lost a race with a concurrent insert: read it back
+                continue
+        raise ConflictError(f"study {study_id} already has a trial number {row.number}")
+
+    def _restart_trial(self, session: Session, existing: TrialRow) -> TrialRecord:
+        study = self._lock_study(session, existing.study_id, share=True)
+        if study.status != StudyStatus.RUNNING:
+            raise InvalidStateError(
+                f"study {existing.study_id} is {study.status}; trials can only be started "
+                "again in a running study"
+            )
+        session.refresh(existing, with_for_update=True)  # changed since it was read?
+        row = existing
+        if not _can_rerun(row):
+            return _trial_record(row)
+        started = row.started_at.isoformat().replace("+00:00", "Z")
+        if row.status == TrialStatus.RUNNING:
+            previous = f"previous run (started {started}) did not finish"
+        else:
+            previous = f"previous run (started {started}) failed: {row.stop_reason}"
+        session.execute(delete(TrialMetricRow).where(TrialMetricRow.trial_id == row.id))
+        row.status = TrialStatus.RUNNING.value
+        row.restarts += 1
+        row.restart_reason = f"{previous}; started again on claim {study.attempts} of the study"
+        row.started_at = self._now()
+        row.stop_reason = None
+        row.finished_at = None
+        row.epochs_done = 0
+        for key in (*FINAL_FLOAT_KEYS, "steps", "samples", "objective_values"):
+            setattr(row, key, None)
+        session.flush()
+        return _trial_record(row)
+
+    @staticmethod
+    def _check_same_trial(existing: TrialRow, row: TrialRow) -> None:
+        same = (
+            existing.schedule == row.schedule
+            and existing.params == row.params
+            and existing.baseline == row.baseline
+        )
+        if not same:
+            raise ConflictError(
+                f"study {row.study_id} already has a trial number {row.number} with a "
+                "different schedule, params or baseline"
+            )
 
     def next_trial_number(self, study_id: int) -> int:
         """One more than the highest trial number of the study (0 for a study without trials)."""
@@ -1032,33 +1148,17 @@ class StudyStore:
                 f"cannot sort trials by {sort!r}; use one of {', '.join(TRIAL_SORT_KEYS)} "
                 "(prefix - for descending)"
             )
-        column = getattr(TrialRow, key)
-        order = (column.desc() if sort.startswith("-") else column.asc()).nulls_last()
-        where: list[ColumnElement[bool]] = [TrialRow.study_id == study_id]
         statuses = _statuses(status, _trial_status)
-        if statuses is not None:
-            where.append(TrialRow.status.in_(statuses))
         if baseline is not None:
-            where.append(
-                TrialRow.baseline.is_not(None) if baseline else TrialRow.baseline.is_(None)
-            )
+            baseline = bool(baseline)
         with self._session(write=False) as session:
-            self._require_study(session, study_id)
-            total = session.execute(
-                select(func.count()).select_from(TrialRow).where(*where)
-            ).scalar_one()
-            rows = (
-                session.execute(
-                    select(TrialRow)
-                    .where(*where)
-                    .order_by(order, TrialRow.number)
-                    .limit(limit)
-                    .offset(offset)
-                )
-                .scalars()
-                .all()
+            conn = session.connection()
+            total, ids = _trial_page_ids(
+                conn, study_id, statuses, baseline, key, sort.startswith("-"), limit, offset
             )
-            items = tuple(_trial_record(row) for row in rows)
+            if total == 0:
+                self._require_study(session, study_id)
+            items = _trials_by_id(conn, ids)
         return Page(items=items, total=total, limit=limit, offset=offset)
 
     # -- metrics ---------------------------------------------------------------------------
@@ -1078,6 +1178,36 @@ class StudyStore:
             if not rows and session.get(TrialRow, trial_id) is None:
                 raise NotFoundError(f"trial id {trial_id} does not exist")
         return [_metrics_record(row) for row in rows]
+
+    def study_curves(self, study_id: int, *, limit: int = 50, offset: int = 0) -> Page[TrialCurve]:
+        """A page of the study's learning curves: trials in number order, each with its
+        per-epoch metrics by epoch (none for a trial that has not reported yet); ``total``
+        counts the study's trials."""
+        limit, offset = _page_bounds(limit, offset)
+        with self._session(write=False) as session:
+            conn = session.connection()
+            total = conn.execute(_COUNT_TRIALS, {"study_id": study_id}).scalar_one()
+            if total == 0:
+                self._require_study(session, study_id)
+            trials = conn.execute(
+                _CURVE_TRIALS, {"study_id": study_id, "limit": limit, "offset": offset}
+            ).all()
+            epochs: dict[int, list[EpochMetrics]] = {t.id: [] for t in trials}
+            if trials:
+                rows = conn.execute(_CURVE_METRICS, {"ids": list(epochs)})
+                for row in rows:
+                    epochs[row[0]].append(EpochMetrics(*row))
+        items = tuple(
+            TrialCurve(
+                trial_id=t.id,
+                number=t.number,
+                baseline=t.baseline,
+                status=TrialStatus(t.status),
+                epochs=tuple(epochs[t.id]),
+            )
+            for t in trials
+        )
+        return Page(items=items, total=int(total), limit=limit, offset=offset)
 
     def study_metrics(self, study_id: int) -> dict[int, list[EpochMetrics]]:
         """Every trial's learning curve in one query: trial number -> metrics by epoch
@@ -1108,6 +1238,102 @@ class StudyStore:
             if row[2] is not None:  # the epoch of an outer-joined metrics row
                 curve.append(EpochMetrics(*row[1:]))
         return curves
+
+
+@functools.cache
+def _trial_page_statements(
+    key: str, descending: bool, by_status: bool, baseline: bool | None
+) -> tuple[Executable, Executable, Executable]:
+    """The three statements of a trials page (count, ids with a value, ids without one),
+    built once per shape with bound parameters ``study_id``, ``statuses``, ``limit`` and
+    ``offset``: reusing the statement objects spares SQLAlchemy re-deriving the result
+    columns of a freshly built statement on every call."""
+    column = getattr(TrialRow, key)
+    where: list[ColumnElement[bool]] = [TrialRow.study_id == bindparam("study_id")]
+    if by_status:
+        where.append(TrialRow.status.in_(bindparam("statuses", expanding=True)))
+    if baseline is not None:
+        where.append(TrialRow.baseline.is_not(None) if baseline else TrialRow.baseline.is_(None))
+    count = select(func.count(), func.count(column)).select_from(TrialRow).where(*where)
+    order = column.desc() if descending else column.asc()
+    with_value = (
+        select(TrialRow.id)
+        .where(*where, column.is_not(None))
+        .order_by(order, TrialRow.number)
+        .limit(bindparam("limit"))
+        .offset(bindparam("offset"))
+    )
+    without_value = (
+        select(TrialRow.id)
+        .where(*where, column.is_(None))
+        .order_by(TrialRow.number)
+        .limit(bindparam("limit"))
+        .offset(bindparam("offset"))
+    )
+    return count, with_value, without_value
+
+
+def _trial_page_ids(
+    conn: Connection,
+    study_id: int,
+    statuses: list[str] | None,
+    baseline: bool | None,
+    key: str,
+    descending: bool,
+    limit: int,
+    offset: int,
+) -> tuple[int, list[int]]:
+    """The number of the study's trials matching the filters and the ids of one page of
+    them, sorted by ``key`` (missing values last), ties by number.
+
+    Rows with a value and rows without one are paged apart, so that each part is one range
+    of the ``(study_id, key, number)`` index (:data:`~tuner.store.models.TRIAL_SORT_INDEXES`),
+    read in order whatever the backend's default place for NULLs: the query never sorts the
+    study's rows, and it reads ids only (the rows of the page are loaded afterwards).
+    """
+    count, with_value_ids, without_value_ids = _trial_page_statements(
+        key, descending, statuses is not None, baseline
+    )
+    params: dict[str, Any] = {"study_id": study_id}
+    if statuses is not None:
+        params["statuses"] = statuses
+    total, with_value = conn.execute(count, params).one()
+    ids: list[int] = []
+    if offset < with_value:
+        page = {**params, "limit": limit, "offset": offset}
+        ids.extend(conn.execute(with_value_ids, page).scalars())
+    if len(ids) < limit and offset + len(ids) < total:
+        page = {**params, "limit": limit - len(ids), "offset": max(0, offset - with_value)}
+        ids.extend(conn.execute(without_value_ids, page).scalars())
+    return int(total), ids
+
+
+_COUNT_TRIALS = (
+    select(func.count()).select_from(TrialRow).where(TrialRow.study_id == bindparam("study_id"))
+)
+_CURVE_TRIALS = (
+    select(TrialRow.id, TrialRow.number, TrialRow.baseline, TrialRow.status)
+    .where(TrialRow.study_id == bindparam("study_id"))
+    .order_by(TrialRow.number)
+    .limit(bindparam("limit"))
+    .offset(bindparam("offset"))
+)
+_CURVE_METRICS = (
+    select(*_METRIC_COLUMNS)
+    .where(TrialMetricRow.trial_id.in_(bindparam("ids", expanding=True)))
+    .order_by(TrialMetricRow.trial_id, TrialMetricRow.epoch)
+)
+
+_TRIALS_BY_ID = select(*_TRIAL_COLUMNS).where(TrialRow.id.in_(bindparam("ids", expanding=True)))
+
+
+def _trials_by_id(conn: Connection, ids: Sequence[int]) -> tuple[TrialRecord, ...]:
+    """The trials with these ids, in this order (Core: no ORM objects for a listing)."""
+    if not ids:
+        return ()
+    rows = conn.execute(_TRIALS_BY_ID, {"ids": list(ids)}).all()
+    by_id = {row[0]: row for row in rows}
+    return tuple(_trial_record_of(by_id[i]) for i in ids if i in by_id)
 
 
 def _missing_table(exc: OperationalError | ProgrammingError) -> bool:
