@@ -26,6 +26,15 @@ What one :meth:`TuningEngine.run` does:
   and trials that had failed stay failed. The experiment state is saved at every controller
   step (``TUNE_GLOBAL_CHECKPOINT_S=0`` while the engine runs), so at most the trial events of
   the step in progress are lost when the process is killed.
+* **sets unreadable state aside**: Tune copies its state files into the experiment directory
+  in place, so a process killed during the copy leaves them empty or cut short, and
+  ``Tuner.can_restore()`` (which only looks for ``tuner.pkl``) still says yes while Tune's
+  restore fails and - swallowing the error - starts the experiment over. Before restoring, the
+  engine reads the files a restore reads (:func:`unreadable_state`); if one cannot be read,
+  or if Tune comes back from a restore with fewer trials than the state holds (checked at its
+  first controller step, before any trial starts), the directory is renamed
+  ``<name>.unreadable-<time>`` (kept for a post-mortem, with a warning in the log) and the
+  study is finished from ``prior_trials`` and the Optuna study, as without a directory.
 
 The result lists every trial's outcome and the study summary (best schedule against each
 baseline).
@@ -33,9 +42,12 @@ baseline).
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -59,10 +71,13 @@ __all__ = [
     "EngineResult",
     "ProtectedASHA",
     "RelayCallback",
+    "RestoreCheck",
     "RunStopper",
     "TuningEngine",
     "concurrency_for",
     "outcome_of",
+    "set_aside",
+    "unreadable_state",
 ]
 
 log = logging.getLogger(__name__)
@@ -203,6 +218,29 @@ class ProtectedASHA(AsyncHyperBandScheduler):
         super().on_trial_complete(tune_controller, trial, result)
 
 
+class RestoreCheck(tune.Callback):
+    """Tune logs a failed restore and starts the experiment over with no trials (unless
+    ``fail_fast``); this notices it at the first controller step, before any trial starts,
+    and stops the run by raising (the engine then finishes the study without the directory).
+    ``expected``: the trials the saved state holds (all of them come back on a restore)."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.checked = False
+        self.failed: str | None = None
+
+    def on_step_begin(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        if self.checked:
+            return
+        self.checked = True
+        if len(trials) < self.expected:
+            self.failed = (
+                f"Tune restored {len(trials)} of the {self.expected} trials of the saved "
+                "experiment state (its restore failed)"
+            )
+            raise StagetuneError(self.failed)
+
+
 def _trial_dirname(trial: Any) -> str:
     meta = TrialMeta.from_config(trial.config)
     number = "x" if meta is None else str(meta.number)
@@ -310,6 +348,99 @@ def concurrency_for(
         if amount > 0
     ]
     return max(1, min([budget, *fits]))
+
+
+#: The files a Tune restore reads from the experiment directory (the newest of each pattern),
+#: and how: ``experiment_state`` is JSON; ``search_gen_state`` is a cloudpickle despite its
+#: name; the searcher's state is :meth:`ScheduleSearcher.save`'s pickle; callback states
+#: exist only when a callback has state. Tune writes all but ``tuner.pkl`` at every save.
+_TUNER_PKL: Final = "tuner.pkl"
+_EXPERIMENT_STATE: Final = "experiment_state-*.json"
+_STATE_PICKLES: Final = ("search_gen_state-*.json", "searcher-state-*.pkl")
+_OPTIONAL_PICKLES: Final = ("callback-states-*.pkl",)
+
+
+def _newest(names: Sequence[str], pattern: str) -> str | None:
+    matching = fnmatch.filter(names, pattern)
+    return max(matching) if matching else None
+
+
+def unreadable_state(path: str | os.PathLike[str]) -> tuple[str | None, int]:
+    """Whether Tune can restore the experiment directory ``path`` (which holds ``tuner.pkl``):
+    ``(None, trials)`` when every file a restore reads is there and loads (``trials``: how many
+    trials the saved state holds), else ``(why not, 0)``. A process killed while Tune copies
+    its state into the directory leaves these files empty or cut short."""
+    import ray.cloudpickle as cloudpickle
+
+    directory = Path(path)
+    try:
+        names = [entry.name for entry in directory.iterdir() if entry.is_file()]
+    except OSError as exc:
+        return f"the experiment directory cannot be listed: {exc}", 0
+
+    def loads(name: str) -> str | None:
+        try:
+            data = (directory / name).read_bytes()
+            if not data:
+                return f"{name} is empty"
+            cloudpickle.loads(data)
+        except Exception as exc:  # a truncated pickle raises anything from EOFError on
+            return f"{name} cannot be loaded ({type(exc).__name__}: {_short(exc, 200)})"
+        return None
+
+    if _TUNER_PKL not in names:
+        return f"{_TUNER_PKL} is missing", 0
+    problem = loads(_TUNER_PKL)
+    if problem:
+        return problem, 0
+    state_name = _newest(names, _EXPERIMENT_STATE)
+    if state_name is None:
+        return "no experiment_state-*.json (killed before Tune saved its state)", 0
+    try:
+        data = (directory / state_name).read_bytes()
+        if not data:
+            return f"{state_name} is empty", 0
+        state = json.loads(data)
+    except (OSError, ValueError) as exc:
+        return f"{state_name} cannot be read ({type(exc).__name__}: {_short(exc, 200)})", 0
+    trials = state.get("trial_data") if isinstance(state, dict) else None
+    if not isinstance(trials, list) or not trials:
+        # Tune's restore indexes the first trial: a state without trials cannot be restored.
+        return f"{state_name} holds no trials", 0
+    for pattern in _STATE_PICKLES:
+        name = _newest(names, pattern)
+        if name is None:
+            return f"no {pattern} next to {state_name}", 0
+        problem = loads(name)
+        if problem:
+            return problem, 0
+    for pattern in _OPTIONAL_PICKLES:
+        name = _newest(names, pattern)
+        problem = None if name is None else loads(name)
+        if problem:
+            return problem, 0
+    return None, len(trials)
+
+
+def set_aside(path: Path, reason: str) -> Path:
+    """Rename the experiment directory ``path`` to ``<name>.unreadable-<UTC time>`` (kept for
+    a post-mortem) and log a warning saying so; returns the new path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    target = path.with_name(f"{path.name}.unreadable-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.unreadable-{stamp}-{n}")
+    path.rename(target)
+    log.warning(
+        "the Ray Tune experiment at %s cannot be restored: %s; it is kept at %s, and the study "
+        "is finished from the database (its finished trials are kept, unfinished ones run "
+        "again)",
+        path,
+        reason,
+        target,
+    )
+    return target
 
 
 @contextmanager
@@ -485,16 +616,25 @@ class TuningEngine:
             brackets=1,
         )
 
-    def _tuner(self) -> tuple[tune.Tuner, bool]:
+    def _tuner(self) -> tuple[tune.Tuner, RestoreCheck | None]:
+        """The Tuner to fit: a restored one (with the check that Tune really restored it) if
+        the experiment directory holds a readable experiment, else a new one (an unreadable
+        directory is set aside first)."""
         path = self.experiment_path
         if tune.Tuner.can_restore(str(path)):
-            log.info("resuming the Tune experiment at %s", path)
-            # Tune does not keep the param space in the experiment directory: without it,
-            # trials created after the restore would lack the shared config keys.
-            tuner = tune.Tuner.restore(
-                str(path), trainable=self.trainable, param_space=self.common_config()
-            )
-            return tuner, True
+            problem, saved_trials = unreadable_state(path)
+            if problem is None:
+                log.info("resuming the Tune experiment at %s", path)
+                # Tune does not keep the param space in the experiment directory: without it,
+                # trials created after the restore would lack the shared config keys.
+                tuner = tune.Tuner.restore(
+                    str(path), trainable=self.trainable, param_space=self.common_config()
+                )
+                return tuner, RestoreCheck(saved_trials)
+            set_aside(path, problem)
+        return self._new_tuner(), None
+
+    def _new_tuner(self) -> tune.Tuner:
         run_config = tune.RunConfig(
             name=self.experiment_name,
             storage_path=str(self.storage_path),
@@ -514,13 +654,12 @@ class TuningEngine:
             reuse_actors=True,
             trial_dirname_creator=_trial_dirname,
         )
-        tuner = tune.Tuner(
+        return tune.Tuner(
             self.trainable,
             param_space=self.common_config(),
             tune_config=tune_config,
             run_config=run_config,
         )
-        return tuner, False
 
     # ------------------------------------------------------------------ run
 
@@ -531,16 +670,27 @@ class TuningEngine:
             # dashboard: it costs seconds and memory, and stagetune's dashboard shows the study.
             ray.init(log_to_driver=False, include_dashboard=False)
         self.storage_path.mkdir(parents=True, exist_ok=True)
-        LIVE_RUNS[self.live_key] = LiveRun(
+        live = LiveRun(
             callbacks=list(self.callbacks), should_stop=self.should_stop, prior=self.prior_trials
         )
+        LIVE_RUNS[self.live_key] = live
         try:
             with _checkpoint_every_step():
-                tuner, resumed = self._tuner()
+                tuner, check = self._tuner()
+                resumed = check is not None
+                if check is not None:
+                    live.callbacks.insert(0, check)
                 try:
-                    grid = tuner.fit()
-                except tune.TuneError as exc:
-                    raise StagetuneError(f"the tuning experiment failed: {exc}") from exc
+                    grid = _fit(tuner)
+                except Exception:
+                    if check is None or check.failed is None:
+                        raise
+                    # Tune swallowed a failed restore; nothing ran (the check stops the run
+                    # at its first step): finish the study as without the directory.
+                    live.callbacks.remove(check)
+                    set_aside(self.experiment_path, check.failed)
+                    resumed = False
+                    grid = _fit(self._new_tuner())
         finally:
             LIVE_RUNS.pop(self.live_key, None)
         outcomes: list[TrialOutcome] = []
@@ -595,6 +745,13 @@ class TuningEngine:
             experiment_path=str(self.experiment_path),
             baselines=self.baselines,
         )
+
+
+def _fit(tuner: tune.Tuner) -> tune.ResultGrid:
+    try:
+        return tuner.fit()
+    except tune.TuneError as exc:
+        raise StagetuneError(f"the tuning experiment failed: {exc}") from exc
 
 
 def _short(error: BaseException, limit: int = 500) -> str:

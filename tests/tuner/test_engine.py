@@ -4,7 +4,10 @@ trainable (fast and deterministic; the real one is exercised by tests/workers/te
 from __future__ import annotations
 
 import gc
+import json
+import logging
 import math
+import pickle
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.engine import RunStopper, TuningEngine, concurrency_for
+from tuner.engine import RunStopper, TuningEngine, concurrency_for, unreadable_state
 from tuner.engine_search import PriorTrial
 from tuner.objectives import StudyObjective
 from tuner.schedule import Schedule
@@ -312,3 +315,115 @@ def test_without_its_experiment_directory_a_study_finishes_from_the_database(
     assert second.outcomes[3].schedule == by_number[3].schedule  # the interrupted one, again
     for n in range(3):
         assert second.outcomes[n] == by_number[n]
+
+
+def _prior_from(outcomes: Any, finished: int, total: int) -> list[PriorTrial]:
+    """What the database holds: trials ``0..finished-1`` finished, the rest up to ``total``
+    interrupted (running when the worker died)."""
+    by_number = {o.number: o for o in outcomes}
+    return [
+        PriorTrial(
+            number=n,
+            baseline=None,
+            schedule=by_number[n].schedule,
+            params={
+                **by_number[n].extra["params"],
+                "optuna_trial": by_number[n].extra["optuna_trial"],
+            },
+            finished=n < finished,
+            outcome=by_number[n] if n < finished else None,
+        )
+        for n in range(total)
+    ]
+
+
+def _empty_state_files(experiment: Path) -> None:
+    """What a SIGKILL during Tune's copy of its state into the experiment directory leaves."""
+    for pattern in ("experiment_state-*", "search_gen_state-*", "searcher-state-*"):
+        for f in experiment.glob(pattern):
+            f.write_bytes(b"")
+
+
+def _unrestorable_trials(experiment: Path) -> None:
+    """A state file that parses, but whose trials Tune cannot rebuild: its restore fails,
+    Tune logs it and starts the experiment over (what the engine must notice)."""
+    for f in experiment.glob("experiment_state-*.json"):
+        state = json.loads(f.read_text())
+        state["trial_data"] = [["{not json", {}] for _ in state["trial_data"]]
+        f.write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(_empty_state_files, id="emptied-state-files"),
+        pytest.param(_unrestorable_trials, id="restore-fails-inside-tune"),
+    ],
+)
+def test_an_unreadable_experiment_is_set_aside_and_the_study_finishes_from_the_database(
+    ray_session: None, tmp_path: Path, damage: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = (
+        "task: digits\nschedule: {total_epochs: 2}\nbaselines: false\n"
+        "budget: {trials: 3, early_stopping: false}"
+    )
+    first = engine(tmp_path, text).run()
+    experiment = tmp_path / "ray" / "study-1"
+    damage(experiment)
+    (tmp_path / "epochs.log").unlink()
+
+    with caplog.at_level(logging.WARNING, logger="tuner.engine"):
+        second = engine(tmp_path, text, prior_trials=_prior_from(first.outcomes, 1, 2)).run()
+
+    assert not second.resumed
+    kept = list((tmp_path / "ray").glob("study-1.unreadable-*"))
+    assert len(kept) == 1, sorted((tmp_path / "ray").iterdir())
+    assert (kept[0] / "tuner.pkl").exists()  # the dead worker's directory, for a post-mortem
+    assert any("cannot be restored" in r.getMessage() for r in caplog.records)
+    assert sorted(set(epochs_trained(tmp_path))) == [1, 2]  # only what was left
+    assert [o.number for o in second.outcomes] == [0, 1, 2]
+    by_number = {o.number: o for o in first.outcomes}
+    assert second.outcomes[1].schedule == by_number[1].schedule  # the interrupted one, again
+    assert second.outcomes[0] == by_number[0]
+    # The new experiment directory restores normally.
+    assert unreadable_state(experiment) == (None, 2)
+
+
+def test_unreadable_state_names_the_file_a_restore_could_not_read(tmp_path: Path) -> None:
+    state = json.dumps({"trial_data": [["{}", {}], ["{}", {}]], "runner_data": {}})
+    files = {
+        "tuner.pkl": pickle.dumps({"_param_space": {}}),
+        "experiment_state-2026-01-01_00-00-00.json": state.encode(),
+        "search_gen_state-2026-01-01_00-00-00.json": pickle.dumps({"counter": 2}),
+        "searcher-state-2026-01-01_00-00-00.pkl": pickle.dumps({"next_number": 2}),
+    }
+
+    def check(**changes: bytes | None) -> str | None:
+        exp = tmp_path / f"exp-{len(list(tmp_path.iterdir()))}"
+        exp.mkdir()
+        for name, data in {**files, **changes}.items():
+            if data is not None:
+                (exp / name).write_bytes(data)
+        problem, trials = unreadable_state(exp)
+        assert trials == (2 if problem is None else 0)
+        return problem
+
+    assert check() is None
+    newest = "experiment_state-2026-01-02_00-00-00.json"
+    problem = check(**{newest: state.encode()[:20]})  # the newest one is what Tune reads
+    assert problem is not None
+    assert problem.startswith(f"{newest} cannot be read (JSONDecodeError: ")
+    assert check(**{newest: b""}) == f"{newest} is empty"
+    assert check(**{newest: b'{"trial_data": []}'}) == f"{newest} holds no trials"
+    cut = files["searcher-state-2026-01-01_00-00-00.pkl"][:-3]
+    problem = check(**{"searcher-state-2026-01-01_00-00-00.pkl": cut})
+    assert problem is not None
+    assert problem.startswith("searcher-state-2026-01-01_00-00-00.pkl cannot be loaded")
+    assert check(**{"search_gen_state-2026-01-01_00-00-00.json": b""}) == (
+        "search_gen_state-2026-01-01_00-00-00.json is empty"
+    )
+    assert check(**{"searcher-state-2026-01-01_00-00-00.pkl": None}) == (
+        "no searcher-state-*.pkl next to experiment_state-2026-01-01_00-00-00.json"
+    )
+    assert check(**{"tuner.pkl": files["tuner.pkl"][:5]}) is not None
+    assert check(**{"callback-states-2026-01-01_00-00-00.pkl": b"\x80"}) is not None
