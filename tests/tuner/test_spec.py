@@ -93,6 +93,14 @@ def test_json_and_yaml_give_the_same_spec() -> None:
             "space.label_smoothing",
             "distinct",
         ),
+        ("task: digits\ntask_options: {hidden_dim: 1}", "task_options.hidden_dim", ">= 8"),
+        ("task: digits\ntask_options: {epochs: 3}", "task_options.epochs", "unknown option"),
+        ("task: cifar10", "task_options.data_dir", "is required"),
+        (
+            "task: cifar10\ntask_options: {data_dir: ../cifar}",
+            "task_options.data_dir",
+            "'..' component",
+        ),
     ],
 )
 def test_errors_name_the_field_and_the_reason(text: str, field: str, reason: str) -> None:
