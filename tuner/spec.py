@@ -23,6 +23,11 @@ Example (YAML; JSON works too)::
     resources: {workers: 1, cpus_per_worker: 1}
     baselines: true
 
+``task_options`` are checked against the options model the task publishes, without importing
+the task (:func:`tuner.tasks.task_option_problems`; path options must lie inside the datasets
+root, :mod:`tuner.task_paths`), each problem reported at ``task_options.<option>``. The check
+runs wherever a spec is validated: the API, ``stagetune tune`` and the worker that runs it.
+
 Feasibility that needs the task (its defaults, its dataset size) is checked by
 :meth:`StudySpec.resolve` and :func:`tuner.space.check_feasible` when the study starts; what
 the spec alone can tell is checked here, so the API rejects it with a 422.
