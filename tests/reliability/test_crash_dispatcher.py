@@ -13,14 +13,18 @@ dead one's heartbeat goes stale and resumes it. Checked afterwards:
   full curve) or is ``failed`` with a reason; the API shows the same;
 * no schedule was trained twice (a sampler that replayed its sequence would repeat them).
 
-Two variants: the second worker sees the first one's Ray Tune experiment directory (same
-host, or shared storage), or it does not (another host with a local data directory) and must
-finish the study from what the database holds.
+Three variants: the second worker sees the first one's Ray Tune experiment directory (same
+host, or shared storage) and restores it; or it does not (another host with a local data
+directory) and must finish the study from what the database holds; or it sees the directory
+with the saved state files emptied, as a kill during Tune's copy of its state leaves them
+(also seen in the first variant when the kill lands in that copy), and must set the directory
+aside (``study-N.unreadable-<time>``) and finish the study from the database.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import signal
 import subprocess
 import sys
@@ -92,15 +96,19 @@ def start_worker(
 
 
 def unreadable(path: Path) -> bool:
-    """An empty state file, or a JSON one cut short (what a kill during a copy leaves)."""
+    """An empty state file, or one cut short (what a kill during Tune's copy leaves). Only
+    ``experiment_state-*.json`` is JSON: ``search_gen_state-*.json`` is a pickle, like
+    ``searcher-state-*.pkl``."""
     data = path.read_bytes()
     if not data:
         return True
-    if path.suffix == ".json":
-        try:
+    try:
+        if path.name.startswith("experiment_state-"):
             json.loads(data)
-        except ValueError:
-            return True
+        else:
+            pickle.loads(data)
+    except Exception:  # a cut-short pickle raises anything from EOFError on
+        return True
     return False
 
 
@@ -130,28 +138,12 @@ def finished_rows(store: StudyStore, study_id: int) -> dict[int, tuple[Any, ...]
     return rows
 
 
-TRUNCATED_STATE = (
-    "tuner/engine.py: a worker killed while Tune copies its experiment state into the "
-    "experiment directory leaves experiment_state-*.json, search_gen_state-*.json and "
-    "searcher-state-*.pkl empty (seen in about 1 of 5 runs of the shared-storage variant). "
-    "Tuner.can_restore() still says yes, Tune's restore fails (JSONDecodeError) and it "
-    "'restarts' the experiment with 1 trial; the runner then releases the study after 3 of 6 "
-    "trials. Fix: when the saved state cannot be read, set the directory aside and finish "
-    "the study from the database as when the directory is missing (and have Tune write the "
-    "state to a temporary name and rename it)"
-)
-
-
 @pytest.mark.parametrize(
     "storage",
     [
         pytest.param("shared", id="shared-ray-storage"),
         pytest.param("other-host", id="other-host-storage"),
-        pytest.param(
-            "truncated",
-            id="truncated-experiment-state",
-            marks=pytest.mark.xfail(strict=True, reason=TRUNCATED_STATE),
-        ),
+        pytest.param("truncated", id="truncated-experiment-state"),
     ],
 )
 def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
@@ -207,10 +199,7 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
         if storage == "truncated":
             for f in state_files:
                 f.write_bytes(b"")
-        elif storage == "shared" and any(unreadable(f) for f in state_files):
-            # The kill landed during Tune's state copy: the known bug the "truncated" variant
-            # reproduces every time (remove this once that variant passes).
-            pytest.xfail(f"the kill left unreadable experiment state files: {TRUNCATED_STATE}")
+        truncated = any(unreadable(f) for f in state_files)  # also when the kill did it
         second_dir = data_dir if storage != "other-host" else tmp_path / "other-host" / "data"
         second_dir.mkdir(parents=True, exist_ok=True)
         second = start_worker(
@@ -231,6 +220,15 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
         log2 = (tmp_path / "w2.log").read_text()
         assert second.returncode == 0, log2[-4000:]
         print(f"taken over and finished {time.monotonic() - kill_time:.0f} s after the kill")
+        aside = sorted((second_dir / "ray").glob("study-*.unreadable-*"))
+        if storage != "other-host" and truncated:
+            assert len(aside) == 1, sorted((second_dir / "ray").iterdir())
+            assert (aside[0] / "tuner.pkl").exists()  # kept as the dead worker left it
+            assert "cannot be restored" in log2, log2[-4000:]
+        else:
+            # A readable directory is restored, not set aside.
+            assert not aside, log2[-4000:]
+            assert ("resuming the Tune experiment" in log2) == (storage == "shared"), log2[-4000:]
 
         study = store.get_study(study_id)
         assert study.status is StudyStatus.COMPLETED, (study.error, log2[-4000:])
