@@ -15,8 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from tuner.schedule import Schedule, ScheduleError
 from tuner.store.records import (
     EpochMetrics,
+    Page,
     StudyRecord,
     StudyStatus,
+    TrialCurve,
     TrialRecord,
     TrialStatus,
 )
@@ -174,9 +176,21 @@ class TrialOut(Schema):
     schedule_summary: str | None
     schedule: dict[str, Any]
     params: dict[str, Any]
+    restarts: int = Field(
+        description="How many times the trial was started again after its first start: a "
+        "study resumed after its worker was lost (taken over, or released and claimed again) "
+        "re-runs its unfinished trials from the first epoch. 0 for a trial that ran once."
+    )
+    restart_reason: str | None = Field(
+        description="What became of the previous run when the trial was last started "
+        "again, and on which claim of the study (null if it never was)."
+    )
 
     @classmethod
     def from_record(cls, trial: TrialRecord) -> TrialOut:
+        summary = trial.schedule_summary
+        if summary is None:  # an invalid schedule, or a trial stored by an older version
+            summary = schedule_summary(trial.schedule)
         return cls(
             id=trial.id,
             study_id=trial.study_id,
@@ -194,9 +208,11 @@ class TrialOut(Schema):
             wall_time_s=trial.wall_time_s,
             mean_batch_size=trial.mean_batch_size,
             objective_values=trial.objective_values,
-            schedule_summary=schedule_summary(trial.schedule),
+            schedule_summary=summary,
             schedule=trial.schedule,
             params=trial.params,
+            restarts=trial.restarts,
+            restart_reason=trial.restart_reason,
         )
 
 
@@ -247,11 +263,53 @@ class TrialMetricsOut(Schema):
     epochs: list[EpochOut]
 
 
-class StudyMetricsOut(Schema):
-    """Every trial's per-epoch metrics of one study, in trial-number order."""
+class StudyMetricsOut(PageOut):
+    """One page of a study's learning curves: trials in number order, each with its
+    per-epoch metrics; ``total`` counts the study's trials."""
 
     study_id: int
     trials: list[TrialMetricsOut]
+
+    @classmethod
+    def from_page(cls, study_id: int, page: Page[TrialCurve]) -> StudyMetricsOut:
+        # Validated in one call from plain data: a page holds thousands of epoch rows, and
+        # building a model object per row in Python costs several times more.
+        return cls.model_validate(
+            {
+                "study_id": study_id,
+                "total": page.total,
+                "limit": page.limit,
+                "offset": page.offset,
+                "trials": [
+                    {
+                        "study_id": study_id,
+                        "trial_id": curve.trial_id,
+                        "number": curve.number,
+                        "baseline": curve.baseline,
+                        "status": curve.status,
+                        "epochs": [_epoch_fields(m) for m in curve.epochs],
+                    }
+                    for curve in page.items
+                ],
+            }
+        )
+
+
+def _epoch_fields(m: EpochMetrics) -> dict[str, Any]:
+    return {
+        "epoch": m.epoch,
+        "val_accuracy": m.val_accuracy,
+        "val_loss": m.val_loss,
+        "train_loss": m.train_loss,
+        "epoch_time_s": m.epoch_time_s,
+        "samples_per_s": m.samples_per_s,
+        "steps": m.steps,
+        "samples": m.samples,
+        "batch_size": m.batch_size,
+        "lr": m.lr,
+        "noise_scale": m.noise_scale,
+        "extra": m.extra,
+    }
 
 
 # --- service ------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ from typing import Annotated, Final
 
 from fastapi import APIRouter, Query, Response
 
-from api.deps import StoreDep
 from api.errors import ApiError
+from api.routes.deps import StoreDep
 from api.routes.downloads import YAML_RESPONSE, schedule_download
 from api.routes.params import Limit, Offset, StudyId, TrialNumber
 from api.schemas import (
@@ -18,21 +18,16 @@ from api.schemas import (
     TrialPage,
     error_responses,
 )
-from tuner.store import MAX_PAGE_SIZE, TRIAL_SORT_KEYS, StudyStore, TrialRecord, TrialStatus
+from tuner.store import TRIAL_SORT_KEYS, TrialStatus
 
 router = APIRouter(prefix="/studies/{study_id}", tags=["trials"])
 
+#: Trials per page of ``GET /studies/{id}/metrics`` (each with all its epochs).
+DEFAULT_CURVES_PAGE: Final = 50
+MAX_CURVES_PAGE: Final = 200
+
 #: Accepted values of ``sort``: a key, or ``-key`` for descending.
 SORT_VALUES: Final = tuple(v for key in TRIAL_SORT_KEYS for v in (key, f"-{key}"))
-
-
-def _all_trials(store: StudyStore, study_id: int) -> list[TrialRecord]:
-    trials: list[TrialRecord] = []
-    while True:
-        page = store.list_trials(study_id, limit=MAX_PAGE_SIZE, offset=len(trials))
-        trials.extend(page.items)
-        if not page.items or not page.has_more:
-            return trials
 
 
 @router.get(
@@ -125,24 +120,26 @@ def trial_schedule_yaml(store: StoreDep, study_id: StudyId, number: TrialNumber)
 @router.get(
     "/metrics",
     response_model=StudyMetricsOut,
-    summary="Every trial's per-epoch metrics",
+    summary="A page of the study's learning curves",
     responses=error_responses(401, 404, 422),
 )
-def study_metrics(store: StoreDep, study_id: StudyId) -> StudyMetricsOut:
-    """All learning curves of the study in one response, trials in number order."""
-    curves = store.study_metrics(study_id)
-    trials = _all_trials(store, study_id)
-    return StudyMetricsOut(
-        study_id=study_id,
-        trials=[
-            TrialMetricsOut(
-                study_id=study_id,
-                trial_id=t.id,
-                number=t.number,
-                baseline=t.baseline,
-                status=t.status,
-                epochs=[EpochOut.from_record(m) for m in curves.get(t.number, [])],
-            )
-            for t in trials
-        ],
+def study_metrics(
+    store: StoreDep,
+    study_id: StudyId,
+    limit: Annotated[
+        int,
+        Query(
+            ge=1,
+            le=MAX_CURVES_PAGE,
+            description=f"Trials per page (at most {MAX_CURVES_PAGE}): each comes with all "
+            "its epochs.",
+        ),
+    ] = DEFAULT_CURVES_PAGE,
+    offset: Offset = 0,
+) -> StudyMetricsOut:
+    """Every trial's per-epoch metrics, a page of trials at a time in number order (page
+    with ``offset`` until ``offset + limit >= total``); a trial that has not reported yet
+    has no epochs."""
+    return StudyMetricsOut.from_page(
+        study_id, store.study_curves(study_id, limit=limit, offset=offset)
     )

@@ -109,6 +109,7 @@ def test_study_metrics_has_every_trial_curve(client: TestClient, store: StudySto
     assert r.status_code == 200
     body = r.json()
     assert body["study_id"] == seeded.study_id
+    assert (body["total"], body["limit"], body["offset"]) == (4, 50, 0)
     trials = body["trials"]
     assert [t["number"] for t in trials] == [0, 1, 2, 3]
     assert [len(t["epochs"]) for t in trials] == [2, 2, 2, 1]
@@ -124,4 +125,41 @@ def test_study_without_trials_has_empty_listings(client: TestClient, store: Stud
     assert client.get(f"{STUDIES}/{study_id}/metrics").json() == {
         "study_id": study_id,
         "trials": [],
+        "total": 0,
+        "limit": 50,
+        "offset": 0,
     }
+
+
+def test_study_metrics_are_paged_by_trial_number(client: TestClient, store: StudyStore) -> None:
+    seeded = seed_running_study(store)
+    url = f"{STUDIES}/{seeded.study_id}/metrics"
+    page = client.get(url, params={"limit": 2, "offset": 1}).json()
+    assert (page["total"], page["limit"], page["offset"]) == (4, 2, 1)
+    assert [t["number"] for t in page["trials"]] == [1, 2]
+    assert [len(t["epochs"]) for t in page["trials"]] == [2, 2]
+    assert client.get(url, params={"offset": 4}).json()["trials"] == []
+    for limit in (0, 201):
+        r = client.get(url, params={"limit": limit})
+        assert r.status_code == 422
+        assert "limit" in field_errors(r.json())
+    assert client.get(url, params={"limit": 200}).status_code == 200
+    assert client.get(f"{STUDIES}/98765/metrics").status_code == 404
+
+
+def test_a_rerun_trial_says_so(client: TestClient, store: StudyStore) -> None:
+    seeded = seed_running_study(store)
+    url = f"{STUDIES}/{seeded.study_id}/trials/{seeded.running_number}"
+    assert (client.get(url).json()["restarts"], client.get(url).json()["restart_reason"]) == (
+        0,
+        None,
+    )
+    running = store.get_trial(seeded.study_id, seeded.running_number)
+    # The resumed run starts the interrupted trial again (what the progress callback does).
+    store.start_trial(seeded.study_id, running.number, running.schedule, running.params)
+    body = client.get(url).json()
+    assert body["restarts"] == 1
+    assert "did not finish" in body["restart_reason"]
+    assert body["epochs_done"] == 0
+    listed = client.get(f"{STUDIES}/{seeded.study_id}/trials").json()["items"]
+    assert [t["restarts"] for t in listed] == [0, 0, 0, 1]
