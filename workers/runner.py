@@ -13,8 +13,11 @@ Resume: the Ray Tune experiment of study ``N`` lives in ``<ray storage>/study-N`
 Optuna study in the study database (``stagetune-study-N``). Calling :func:`run_study` again
 for a study whose run was interrupted (process killed, worker lost and the study re-claimed)
 restores both and continues: finished trials are kept, unfinished ones run again, and the
-trial count ends at the budget. Do not call ``StudyStore.fail_running_trials`` before
-resuming: the trials it would fail are the ones the resumed run continues.
+trial count ends at the budget. Without a restorable experiment directory (another host, or
+one whose saved state a kill left unreadable: the engine renames it
+``study-N.unreadable-<time>``) the study is finished from what the database holds. Do not call
+``StudyStore.fail_running_trials`` before resuming: the trials it would fail are the ones the
+resumed run continues.
 """
 
 from __future__ import annotations
