@@ -10,7 +10,8 @@ dead one's heartbeat goes stale and resumes it. Checked afterwards:
 * the study completed with exactly the budget of trials (numbers 0..budget-1), owned by the
   second worker, ``attempts == 2``;
 * no trial is left ``running``: the one interrupted by the kill was run again (completed, a
-  full curve) or is ``failed`` with a reason; the API shows the same;
+  full curve, ``restarts == 1`` with a ``restart_reason``) or is ``failed`` with a reason;
+  every other trial ran once (``restarts == 0``); the API shows the same;
 * no schedule was trained twice (a sampler that replayed its sequence would repeat them).
 
 Three variants: the second worker sees the first one's Ray Tune experiment directory (same
@@ -247,6 +248,13 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
             assert interrupted.status is TrialStatus.COMPLETED, interrupted
             curve = store.trial_metrics(interrupted.id)
             assert [m.epoch for m in curve] == list(range(EPOCHS))
+            # The re-run is recorded on the trial (same number, started again).
+            assert interrupted.restarts == 1, interrupted
+            assert interrupted.restart_reason, interrupted
+            assert "did not finish" in interrupted.restart_reason
+        for t in trials:
+            if t.number != killed_running:
+                assert t.restarts == 0, t  # every other trial ran once
         for t in trials:
             if t.status is TrialStatus.FAILED:
                 assert t.stop_reason, t
@@ -264,6 +272,9 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
             page = client.get(f"{STUDIES}/{study_id}/trials", params={"limit": 100}).json()
             assert {t["number"]: t["status"] for t in page["items"]} == {
                 t.number: t.status.value for t in trials
+            }
+            assert {t["number"]: (t["restarts"], t["restart_reason"]) for t in page["items"]} == {
+                t.number: (t.restarts, t.restart_reason) for t in trials
             }
             for t in page["items"]:
                 if t["status"] == "failed":
