@@ -84,7 +84,7 @@ def build(url: str, trials: int, epochs: int, seed: int = 0) -> int:
 
     upgrade(url)
     spec = StudySpec.from_yaml(
-        f"task: cifar10\nname: {STUDY_NAME}\n"
+        f"task: cifar10\ntask_options: {{data_dir: cifar-10-batches-py}}\nname: {STUDY_NAME}\n"
         f"schedule: {{total_epochs: {epochs}, base_lr: 0.1, base_batch_size: 64}}\n"
         "space: {batch_size: {min: 64, max: 4096}, stages: {min: 1, max: 4}}\n"
         f"budget: {{trials: {trials}}}\n"

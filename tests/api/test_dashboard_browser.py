@@ -59,6 +59,7 @@ TRAIN_SIZE = 50_000
 EPOCHS = 12
 FINISHED_SPEC = f"""\
 task: cifar10
+task_options: {{data_dir: cifar-10-batches-py}}
 name: resnet18-cifar10
 schedule: {{total_epochs: {EPOCHS}, base_lr: 0.1, base_batch_size: 64}}
 space: {{batch_size: {{min: 64, max: 2048}}, stages: {{min: 1, max: 3}}}}
@@ -66,6 +67,7 @@ budget: {{trials: 26}}
 """
 RUNNING_SPEC = f"""\
 task: cifar10
+task_options: {{data_dir: cifar-10-batches-py}}
 name: live-sweep
 schedule: {{total_epochs: {EPOCHS}, base_lr: 0.1, base_batch_size: 64}}
 space: {{batch_size: {{min: 64, max: 2048}}, stages: {{min: 1, max: 3}}}}

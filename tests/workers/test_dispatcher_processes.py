@@ -151,7 +151,10 @@ def test_signal_gives_the_running_study_back_and_exits_cleanly(
 def test_worker_command_fails_a_study_whose_run_raises(sqlite_url: str) -> None:
     upgrade(sqlite_url)
     with StudyStore(sqlite_url) as store:
-        bad = submit(store, quick_spec("bad", task_options={"hidden_dim": 1}))
+        # Options the spec refuses at submission; a study queued before that check existed
+        # (or by another client) still reaches the worker, which must fail it with the reason.
+        spec = {**quick_spec("bad").to_dict(), "task_options": {"hidden_dim": 1}}
+        bad = store.create_study("digits", spec, 1, name="bad").id
         result = subprocess.run(
             [*STAGETUNE, "worker", "--once", "--worker-id", "cli-worker"],
             cwd=REPO,
