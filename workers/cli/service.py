@@ -170,6 +170,18 @@ def serve(
         ),
     ] = True,
     log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "info",
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            max=64,
+            envvar="STAGETUNE_API_WORKERS",
+            help="API server processes (STAGETUNE_API_WORKERS). One process answers one "
+            "request at a time (the GIL); with several cores, 2 or more keep a slow request "
+            "from delaying the others.",
+        ),
+    ] = 1,
 ) -> None:
     """Serve the REST API (OpenAPI docs at /docs) and, by default, run queued studies."""
     import uvicorn
@@ -189,12 +201,24 @@ def serve(
         if dispatcher:
             embedded = EmbeddedDispatcher(url)
             embedded.start()
-        uvicorn.run(
-            create_app(settings=settings),
-            host=host or settings.host,
-            port=port or settings.port,
-            log_level=log_level.lower(),
-        )
+        bind_host, bind_port = host or settings.host, port or settings.port
+        if workers > 1:
+            # Each process builds its app from the environment (the same settings).
+            uvicorn.run(
+                "api.app:create_app",
+                factory=True,
+                workers=workers,
+                host=bind_host,
+                port=bind_port,
+                log_level=log_level.lower(),
+            )
+        else:
+            uvicorn.run(
+                create_app(settings=settings),
+                host=bind_host,
+                port=bind_port,
+                log_level=log_level.lower(),
+            )
     finally:
         if embedded is not None:
             embedded.stop()
