@@ -12,8 +12,8 @@ What it does:
    (create a trial, one ``add_epoch_metrics`` per epoch, ``finish_trial``, heartbeats);
 3. drives each read endpoint in turn for ``--duration`` seconds with ``--concurrency``
    concurrent httpx clients: study list, trials page (random offsets and sorts), trial
-   detail, per-trial metrics, study detail and the study's all-curves metrics (one response
-   with every metric row, driven with fewer clients);
+   detail, per-trial metrics, study detail and pages of the study's learning curves
+   (``/metrics?limit=50``, random offsets: 50 trials with all their epochs per response);
 4. prints requests/s and p50/p90/p99 latency per endpoint, then one line
    ``api_load rps=.. p50_ms=.. p99_ms=..`` over the paginated endpoints (study list and
    trials page), and writes ``<out>.json`` and ``<out>.md``.
@@ -65,6 +65,7 @@ from tuner.schedule import Schedule, Stage  # noqa: E402
 from tuner.store import StudyStatus, StudyStore, TrialStatus  # noqa: E402
 from tuner.store.migrate import upgrade  # noqa: E402
 from tuner.store.models import TrialMetricRow, TrialRow  # noqa: E402
+from tuner.store.storage import summarize_schedule  # noqa: E402
 
 API = "/api/v1"
 SPEC: dict[str, Any] = {"task": "digits", "baselines": False, "budget": {"trials": 10}}
@@ -124,6 +125,7 @@ def build_data(
     assert claimed is not None
     assert claimed.id == study.id
     schedule = _schedule(32)
+    summary = summarize_schedule(schedule)  # what the store writes with each trial
 
     # A sample through the store API: the rate the dispatcher writes at.
     sample = min(api_sample, trials)
@@ -170,6 +172,7 @@ def build_data(
                         "wall_time_s": 1.5 * epochs,
                         "mean_batch_size": 32.0,
                         "objective_values": {"accuracy": 0.6},
+                        "schedule_summary": summary,
                     }
                     for n in numbers
                 ],
@@ -437,6 +440,10 @@ def endpoints(
         offset = rng.choice((0, 0, 0, rng.randrange(0, max(1, studies))))
         return f"{API}/studies?limit=50&offset={offset}"
 
+    def study_metrics(rng: random.Random) -> str:
+        offset = rng.randrange(0, max(1, trials - 50))
+        return f"{base}/metrics?limit=50&offset={offset}"
+
     def trials_page(rng: random.Random) -> str:
         offset = rng.randrange(0, max(1, trials - 50))
         return f"{base}/trials?limit=50&offset={offset}&sort={rng.choice(sorts)}"
@@ -447,7 +454,7 @@ def endpoints(
         ("trial_detail", lambda rng: f"{base}/trials/{rng.randrange(trials)}", False),
         ("trial_metrics", lambda rng: f"{base}/trials/{rng.randrange(trials)}/metrics", False),
         ("study_detail", lambda rng: base, False),
-        ("study_metrics", lambda rng: f"{base}/metrics", True),
+        ("study_metrics", study_metrics, False),
     ]
 
 
@@ -546,7 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per endpoint")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--server-workers", type=int, default=1, help="uvicorn worker processes")
-    parser.add_argument("--heavy-concurrency", type=int, default=2)
+    parser.add_argument(
+        "--heavy-concurrency", type=int, default=2, help="clients of heavy endpoints (none now)"
+    )
     parser.add_argument("--max-requests", type=int, default=20_000, help="per endpoint")
     parser.add_argument("--writer-pause", type=float, default=0.05, help="seconds between writes")
     parser.add_argument("--no-writer", action="store_true")
