@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -537,6 +538,7 @@ def _unavailable(note: str, **extra: Any) -> dict[str, Any]:
 #: Target quantile of PED-ANOVA: the top 10 % of the trials, but at least this many trials.
 _IMPORTANCE_TOP: Final = 0.1
 _IMPORTANCE_TOP_MIN: Final = 5
+_IMPORTANCE_LOCK: Final = threading.Lock()
 
 
 def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
@@ -614,7 +616,10 @@ def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
             ]
         )
         try:
-            with warnings.catch_warnings():
+            # warnings.catch_warnings swaps the process-wide filters, so two requests doing this
+            # at once in the server's threads would restore each other's filters mid-way; the
+            # lock keeps the swap whole (importance is computed one study at a time anyway).
+            with _IMPORTANCE_LOCK, warnings.catch_warnings():
                 # "Some regimes ... have less than 2 trials": a conditional parameter seen in
                 # few trials is judged on those it has; nothing for the page to act on.
                 warnings.simplefilter("ignore")
