@@ -10,6 +10,10 @@ them from there, so each app instance (tests build several) has its own.
   (the dashboard) add it the same way: ``APIRouter(dependencies=[Depends(authorize)])``.
 * ``WriteAuth``: the token check for a write, whatever the method (for endpoints that change
   state through a GET-less form, say).
+
+They are coroutines although nothing in them waits: FastAPI runs a plain ``def`` dependency in
+the thread pool, a round trip between the event loop and a worker thread per dependency per
+request (about 1 ms of CPU a request under load). None of them blocks or does I/O.
 """
 
 from __future__ import annotations
@@ -24,12 +28,12 @@ from tuner.settings import Settings
 from tuner.store import StudyStore
 
 
-def get_app_settings(request: Request) -> Settings:
+async def get_app_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_store(request: Request) -> StudyStore:
+async def get_store(request: Request) -> StudyStore:
     store: StudyStore = request.app.state.store
     return store
 
@@ -39,13 +43,13 @@ StoreDep = Annotated[StudyStore, Depends(get_store)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 
 
-def authorize(request: Request, settings: SettingsDep, credentials: Credentials) -> None:
+async def authorize(request: Request, settings: SettingsDep, credentials: Credentials) -> None:
     """Require a valid bearer token if this request's method needs one (see :mod:`api.auth`)."""
     if needs_token(settings, request.method):
         check_credentials(settings, credentials)
 
 
-def authorize_write(settings: SettingsDep, credentials: Credentials) -> None:
+async def authorize_write(settings: SettingsDep, credentials: Credentials) -> None:
     """Require a valid bearer token whenever tokens are configured."""
     if settings.tokens:
         check_credentials(settings, credentials)

@@ -1,7 +1,7 @@
 """The REST routers; :data:`api_router` is everything under ``/api/v1``.
 
 Every route but the health check goes through :func:`api.deps.authorize` (token for writes,
-and for reads with ``protect_reads``), called from a coroutine (:mod:`api.routes.deps`).
+and for reads with ``protect_reads``).
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import Final
 
 from fastapi import APIRouter, Depends
 
+from api.deps import authorize
 from api.routes import service, studies, trials
-from api.routes.deps import authorized
 
 API_PREFIX: Final = "/api/v1"
 
-_protected = APIRouter(dependencies=[Depends(authorized)])
+_protected = APIRouter(dependencies=[Depends(authorize)])
 _protected.include_router(studies.router)
 _protected.include_router(trials.router)
 _protected.include_router(service.router)

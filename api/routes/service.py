@@ -7,8 +7,8 @@ from functools import lru_cache
 
 from fastapi import APIRouter
 
+from api.deps import StoreDep
 from api.errors import ApiError
-from api.routes.deps import StoreDep
 from api.schemas import HealthOut, TasksOut, error_responses
 from tuner import __version__
 from tuner.store import migrate

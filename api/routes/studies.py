@@ -6,7 +6,7 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from api.routes.deps import StoreDep
+from api.deps import StoreDep
 from api.routes.downloads import YAML_RESPONSE, schedule_download
 from api.routes.params import NO_NUL, Limit, Offset, StudyId
 from api.schemas import StudyDetail, StudyOut, StudyPage, error_responses, schedule_summary

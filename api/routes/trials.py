@@ -6,8 +6,8 @@ from typing import Annotated, Final
 
 from fastapi import APIRouter, Query, Response
 
+from api.deps import StoreDep
 from api.errors import ApiError
-from api.routes.deps import StoreDep
 from api.routes.downloads import YAML_RESPONSE, schedule_download
 from api.routes.params import Limit, Offset, StudyId, TrialNumber
 from api.schemas import (
