@@ -292,8 +292,12 @@ class ScheduleSearcher(Searcher):
         # The storage id lets later reports address the trial without a live Trial object.
         meta = TrialMeta(number, None, params, trial.number, trial._trial_id)
         schedule_dict = schedule.to_dict()
-        trial.set_user_attr(_NUMBER_ATTR, number)
+        # The schedule first: a process killed between the two writes leaves a trial without
+        # a number, which a resume closes and draws again. The other way round it would leave
+        # the number without the schedule to replay, and the number would be drawn a second
+        # time (two Optuna trials for one stagetune trial).
         trial.set_user_attr(_SCHEDULE_ATTR, schedule_dict)
+        trial.set_user_attr(_NUMBER_ATTR, number)
         return self._issue(trial_id, meta, schedule_dict)
 
     def _make_plan(self) -> list[int]:

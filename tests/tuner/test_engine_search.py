@@ -159,6 +159,40 @@ def test_resume_replays_trials_suggested_after_the_last_checkpoint(
     assert len(study.trials) == 4
 
 
+def test_a_draw_cut_short_by_a_kill_leaves_one_optuna_trial_per_number(
+    storage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process dies between the two user-attribute writes of a new trial: the resumed
+    study draws that number again, and no second Optuna trial claims the same number."""
+    first = make_searcher(SPEC, storage)
+    for i in range(3):
+        suggest(first, f"t{i}")  # the baselines
+    checkpoint = tmp_path / "searcher.pkl"
+    first.save(str(checkpoint))
+    written: list[str] = []
+    set_user_attr = optuna.Trial.set_user_attr
+
+    def killed_after_one_write(self: optuna.Trial, key: str, value: Any) -> None:
+        if written:
+            raise KeyboardInterrupt  # stands for the SIGKILL
+        written.append(key)
+        set_user_attr(self, key, value)
+
+    monkeypatch.setattr(optuna.Trial, "set_user_attr", killed_after_one_write)
+    with pytest.raises(KeyboardInterrupt):
+        first.suggest("t3")
+    monkeypatch.undo()
+
+    second = pickle.loads(pickle.dumps(make_searcher(SPEC, storage)))
+    second.restore(str(checkpoint))
+    assert suggest(second, "n0")[META_KEY]["number"] == 3
+    study = optuna.load_study(study_name="s", storage=storage)
+    numbers = [
+        t.user_attrs["stagetune_number"] for t in study.trials if "stagetune_number" in t.user_attrs
+    ]
+    assert numbers == [3]
+
+
 def test_a_fresh_start_completes_a_study_from_its_database_trials(storage: str) -> None:
     """Another host takes the study over without the Tune experiment: finished trials are
     skipped, interrupted ones run again as they were, numbering is dense, the budget holds."""
