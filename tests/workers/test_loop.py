@@ -363,7 +363,7 @@ def test_digits_trains_past_90_percent_with_consistent_metrics(
     results = run_trial(trainable)
     assert len(results) == epochs
     check_metrics(results, schedule, num_train=1079)
-    assert results[-1]["val_accuracy"] > 0.90
+    assert results[-1]["val_accuracy"] > 0.90, [r["val_accuracy"] for r in results]
     # batch 256 over 2 workers with micro-batch 48: 128 per worker in 3 accumulation passes
     assert results[-1]["local_batches"] == [128, 128]
     assert results[-1]["accumulation_steps"] == 3
@@ -378,9 +378,9 @@ def test_mnist1d_trains_past_90_percent(
     start_trial: Callable[[dict[str, Any]], ScheduleTrainable],
 ) -> None:
     task = get_task("mnist1d")
-    epochs = task.default_epochs  # 30
+    epochs = 12  # the task's default is 30; a growing batch gets past 90% well before
     schedule = Schedule(
-        stages=(Stage(0, 4, 32), Stage(4, 14, 128, warmup_epochs=1.0), Stage(14, epochs, 512)),
+        stages=(Stage(0, 3, 64), Stage(3, 8, 256, warmup_epochs=1.0), Stage(8, epochs, 512)),
         base_lr=task.default_base_lr,
         base_batch_size=task.default_base_batch_size,
         scaling_rule="sqrt",
@@ -389,7 +389,7 @@ def test_mnist1d_trains_past_90_percent(
     trainable = start_trial(trial_config(schedule, "mnist1d"))
     results = run_trial(trainable)
     check_metrics(results, schedule, num_train=5000)
-    assert results[-1]["val_accuracy"] > 0.90
+    assert results[-1]["val_accuracy"] > 0.90, [r["val_accuracy"] for r in results]
 
 
 # ------------------------------------------------------------------------------------------
