@@ -61,6 +61,7 @@ from tuner.store.models import (
     BASELINE_MAX,
     NAME_MAX,
     TASK_MAX,
+    TRIAL_SORT_INDEXES,
     WORKER_ID_MAX,
     StudyRow,
     TrialMetricRow,
@@ -98,18 +99,7 @@ FINAL_INT_KEYS = ("steps", "samples", "epochs_done")
 FINAL_KEYS = (*FINAL_FLOAT_KEYS, *FINAL_INT_KEYS, "objective_values")
 """Keys :meth:`StudyStore.finish_trial` accepts in ``final``."""
 
-TRIAL_SORT_KEYS = (
-    "number",
-    "val_accuracy",
-    "val_loss",
-    "wall_time_s",
-    "steps",
-    "samples",
-    "mean_batch_size",
-    "epochs_done",
-    "started_at",
-    "finished_at",
-)
+TRIAL_SORT_KEYS = ("number", *TRIAL_SORT_INDEXES)
 """Sort keys of :meth:`StudyStore.list_trials`; prefix ``-`` for descending."""
 
 RELEASED_REASON = "worker released the study"
@@ -928,17 +918,7 @@ class StudyStore:
         the same schedule, params and baseline (whatever its status), ``ConflictError`` if it
         differs, else creates it."""
         row = self._new_trial(study_id, number, schedule, params, baseline)
-        for _ in range(2):
-            try:
-                with self._session(write=True) as session:
-                    existing = self._find_trial(session, study_id, row.number)
-                    if existing is None:
-                        return self._insert_trial(session, row)
-                    self._check_same_trial(existing, row)
-                    return _trial_record(existing)
-            except IntegrityError:  # lost a race with a concurrent insert: read it back
-                continue
-        raise ConflictError(f"study {study_id} already has a trial number {row.number}")
+        return self._insert_or(row, lambda _, existing: _trial_record(existing))
 
     def start_trial(
         self,
@@ -963,19 +943,30 @@ class StudyStore:
           not recorded).
         """
         row = self._new_trial(study_id, number, schedule, params, baseline)
+
+        def rerun(session: Session, existing: TrialRow) -> TrialRecord:
+            if not _can_rerun(existing):
+                return _trial_record(existing)
+            return self._restart_trial(session, existing)
+
+        return self._insert_or(row, rerun)
+
+    def _insert_or(
+        self, row: TrialRow, on_existing: Callable[[Session, TrialRow], TrialRecord]
+    ) -> TrialRecord:
+        """Insert the new trial ``row``, or, if its number exists with the same schedule,
+        params and baseline (``ConflictError`` if not), ``on_existing(session, existing)``."""
         for _ in range(2):
             try:
                 with self._session(write=True) as session:
-                    existing = self._find_trial(session, study_id, row.number)
+                    existing = self._find_trial(session, row.study_id, row.number)
                     if existing is None:
                         return self._insert_trial(session, row)
                     self._check_same_trial(existing, row)
-                    if not _can_rerun(existing):
-                        return _trial_record(existing)
-                    return self._restart_trial(session, existing)
+                    return on_existing(session, existing)
             except IntegrityError:  # lost a race with a concurrent insert: read it back
                 continue
-        raise ConflictError(f"study {study_id} already has a trial number {row.number}")
+        raise ConflictError(f"study {row.study_id} already has a trial number {row.number}")
 
     def _restart_trial(self, session: Session, existing: TrialRow) -> TrialRecord:
         study = self._lock_study(session, existing.study_id, share=True)
