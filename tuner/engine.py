@@ -47,6 +47,8 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -75,6 +77,7 @@ __all__ = [
     "RunStopper",
     "TuningEngine",
     "concurrency_for",
+    "connect_ray",
     "outcome_of",
     "set_aside",
     "unreadable_state",
@@ -216,6 +219,26 @@ class ProtectedASHA(AsyncHyperBandScheduler):
             self._trial_info.pop(trial.trial_id, None)
             return
         super().on_trial_complete(tune_controller, trial, result)
+
+
+def connect_ray() -> None:
+    """Connect to Ray unless connected: the cluster ``RAY_ADDRESS`` names, or a local instance
+    (without Ray's own dashboard: it costs seconds and memory, and stagetune's dashboard shows
+    the study). The caller's SIGTERM / SIGINT handlers stay in place.
+
+    ``ray.init`` replaces the driver's handlers, and Ray's core worker then answers SIGTERM by
+    aborting the process: a ``stagetune worker`` stopped mid-study (``docker stop``) would die
+    with its study still claimed until the heartbeat went stale, instead of giving it back.
+    """
+    if ray.is_initialized():
+        return
+    signals = (signal.SIGTERM, signal.SIGINT)
+    in_main = threading.current_thread() is threading.main_thread()
+    saved = {sig: signal.getsignal(sig) for sig in signals} if in_main else {}
+    ray.init(log_to_driver=False, include_dashboard=False)
+    for sig, handler in saved.items():
+        if handler is not None:
+            signal.signal(sig, handler)
 
 
 class RestoreCheck(tune.Callback):
@@ -665,10 +688,7 @@ class TuningEngine:
 
     def run(self) -> EngineResult:
         """Run the experiment to the end (or resume it); returns every trial's outcome."""
-        if not ray.is_initialized():
-            # A local Ray, or the cluster RAY_ADDRESS names. A local start skips Ray's own
-            # dashboard: it costs seconds and memory, and stagetune's dashboard shows the study.
-            ray.init(log_to_driver=False, include_dashboard=False)
+        connect_ray()
         self.storage_path.mkdir(parents=True, exist_ok=True)
         live = LiveRun(
             callbacks=list(self.callbacks), should_stop=self.should_stop, prior=self.prior_trials

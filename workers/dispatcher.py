@@ -73,14 +73,14 @@ def default_worker_id() -> str:
 def ray_runner(settings: Settings) -> StudyRunner:
     """The production runner: :func:`workers.runner.run_study` with ``settings``.
 
-    Ray Tune starts Ray when the study's experiment starts: ``ray.init()`` connects to the
-    cluster ``RAY_ADDRESS`` names, or starts a local instance (once per process).
+    The engine connects to Ray when the study's experiment starts (the cluster ``RAY_ADDRESS``
+    names, or a local instance, once per process) and keeps the dispatcher's SIGTERM / SIGINT
+    handlers in place (:func:`tuner.engine.connect_ray`).
     """
 
     def run(store: StudyStore, study_id: int, worker_id: str) -> object:
         from workers.runner import run_study  # imports Ray: only where studies really run
 
-        connect_ray_keeping_signal_handlers()
         # Trials are persisted in the store; Tune's own CSV/JSON/TensorBoard files are not
         # needed (and its CSV logger leaks open files when an experiment is stopped early).
         os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
@@ -93,29 +93,6 @@ def ray_runner(settings: Settings) -> StudyRunner:
         )
 
     return run
-
-
-def connect_ray_keeping_signal_handlers() -> None:
-    """Connect to Ray (``RAY_ADDRESS``, or a local instance) unless connected, and put back
-    the SIGTERM / SIGINT handlers that were in place before.
-
-    ``ray.init`` replaces the driver's handlers: its core worker then answers SIGTERM by
-    aborting the process, so a worker stopped mid-study (``docker stop``) would die with its
-    study still claimed until the heartbeat goes stale. Keeping the dispatcher's handlers
-    makes SIGTERM give the study back instead.
-    """
-    import ray
-
-    if ray.is_initialized():
-        return
-    signals = (signal.SIGTERM, signal.SIGINT)
-    in_main = threading.current_thread() is threading.main_thread()
-    saved = {sig: signal.getsignal(sig) for sig in signals} if in_main else {}
-    # A local start skips Ray's own dashboard, as the engine's does.
-    ray.init(log_to_driver=False, include_dashboard=False)
-    for sig, handler in saved.items():
-        if handler is not None:
-            signal.signal(sig, handler)
 
 
 class Heartbeat:
