@@ -280,20 +280,7 @@ def test_without_its_experiment_directory_a_study_finishes_from_the_database(
     )
     first = engine(tmp_path, text).run()
     by_number = {o.number: o for o in first.outcomes}
-    prior = [
-        PriorTrial(
-            number=n,
-            baseline=None,
-            schedule=by_number[n].schedule,
-            params={
-                **by_number[n].extra["params"],
-                "optuna_trial": by_number[n].extra["optuna_trial"],
-            },
-            finished=n < 3,
-            outcome=by_number[n] if n < 3 else None,
-        )
-        for n in range(4)
-    ]
+    prior = _prior_from(first.outcomes, finished=3, total=4)
     (tmp_path / "epochs.log").unlink()
     other_host = tmp_path / "other-host"
     other_host.mkdir()
