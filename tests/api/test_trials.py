@@ -41,8 +41,9 @@ def test_list_trials_in_number_order_with_details(client: TestClient, store: Stu
 def test_sort_filter_and_paginate_trials(client: TestClient, store: StudyStore) -> None:
     seeded = seed_running_study(store)
     url = f"{STUDIES}/{seeded.study_id}/trials"
-    # Missing values (the diverged and the running trial) sort last either way.
-    assert numbers(client.get(url, params={"sort": "-val_accuracy"}).json()) == [1, 0, 2, 3]
+    # Missing values (the diverged and the running trial) sort last either way, by number in
+    # the sort's direction.
+    assert numbers(client.get(url, params={"sort": "-val_accuracy"}).json()) == [1, 0, 3, 2]
     assert numbers(client.get(url, params={"sort": "val_accuracy"}).json()) == [0, 1, 2, 3]
     assert numbers(client.get(url, params={"sort": "-number"}).json()) == [3, 2, 1, 0]
 

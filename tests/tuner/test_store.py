@@ -29,6 +29,7 @@ from tuner.store import (
     TrialStatus,
     normalize_url,
 )
+from tuner.store.engine import load_json
 from tuner.store.models import TrialMetricRow, TrialRow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -674,16 +675,18 @@ def test_list_trials_sorts_filters_and_paginates(store: StudyStore) -> None:
 
     assert numbers() == [0, 1, 2, 3, 4]
     assert numbers(sort="-number") == [4, 3, 2, 1, 0]
-    assert numbers(sort="-val_accuracy") == [2, 4, 3, 0, 1]  # ties by number, missing last
+    # Ties by number in the sort's direction, missing values last.
+    assert numbers(sort="-val_accuracy") == [4, 2, 3, 0, 1]
     assert numbers(sort="val_accuracy") == [0, 3, 2, 4, 1]
     assert numbers(sort="val_loss") == [2, 3, 0, 1, 4]
     assert numbers(status="stopped") == [4]
     assert numbers(status=["completed"], sort="-val_accuracy") == [2, 3, 0, 1]
+    assert numbers(sort="-steps") == [4, 3, 2, 1, 0]  # no values: all missing, by number
     assert numbers(baseline=True) == [0]
     assert numbers(baseline=False) == [1, 2, 3, 4]
 
-    page = store.list_trials(study.id, sort="-val_accuracy", limit=2, offset=2)
-    assert [t.number for t in page.items] == [3, 0]
+    page = store.list_trials(study.id, sort="-val_accuracy", limit=2, offset=1)
+    assert [t.number for t in page.items] == [2, 3]
     assert (page.total, page.has_more) == (5, True)
 
     with pytest.raises(ValidationError, match="cannot sort trials by 'schedule'"):
@@ -702,9 +705,13 @@ def test_list_trials_pages_across_missing_values_in_both_directions(store: Study
         store.finish_trial(t.id, "completed", final={"val_loss": value})
 
     def expected(descending: bool) -> list[int]:
-        present = [n for n, v in values.items() if v is not None]
-        present.sort(key=lambda n: (-(values[n] or 0) if descending else values[n] or 0, n))
-        return present + [n for n, v in values.items() if v is None]
+        # By (value, number), all reversed for descending; missing values last, by number.
+        present = sorted((v, n) for n, v in values.items() if v is not None)
+        missing = [n for n, v in values.items() if v is None]
+        if descending:
+            present.reverse()
+            missing.reverse()
+        return [n for _, n in present] + missing
 
     for sort, descending in (("val_loss", False), ("-val_loss", True)):
         for limit in (1, 4, 7, 50):
@@ -949,6 +956,16 @@ def test_in_memory_sqlite_works_for_one_process() -> None:
 def test_a_database_without_schema_says_how_to_create_it(sqlite_url: str) -> None:
     with StudyStore(sqlite_url) as store, pytest.raises(InvalidStateError, match="alembic upgrade"):
         store.list_studies()
+
+
+@pytest.mark.parametrize(
+    "document",
+    ['{"a": [1, 2.5, null, true, "\\u00e9"], "b": {}}', '{"loss": NaN, "x": -Infinity}', b"[]"],
+)
+def test_json_columns_decode_as_the_standard_library_does(document: str | bytes) -> None:
+    # orjson refuses NaN, which the standard library's encoder writes (a SQLite file written
+    # before non-finite numbers were stored as null): the fallback still reads it.
+    assert repr(load_json(document)) == repr(json.loads(document))
 
 
 def test_urls_are_normalized_to_psycopg_and_checked() -> None:

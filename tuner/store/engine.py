@@ -13,14 +13,18 @@ connection settings are the same everywhere:
   a lost snapshot.
 * **PostgreSQL** via psycopg 3: ``postgresql://`` and ``postgres://`` URLs are rewritten to
   ``postgresql+psycopg://``; a small pre-pinged, recycled connection pool.
+* Both: JSON columns are decoded with ``orjson`` (:func:`load_json`), several times faster
+  than the standard library's decoder: a page of 50 trials holds 150 JSON documents.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+import orjson
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
@@ -35,6 +39,15 @@ DATABASE_URL_ENV = "STAGETUNE_DATABASE_URL"
 
 SQLITE_BUSY_TIMEOUT_S = 30.0
 WRITE_OPTION = "stagetune_write"
+
+
+def load_json(document: str | bytes) -> Any:
+    """Decode a JSON column. A document ``orjson`` refuses (``NaN`` written into a SQLite
+    file by the standard library's encoder, say) goes to the standard library's decoder."""
+    try:
+        return orjson.loads(document)
+    except orjson.JSONDecodeError:
+        return json.loads(document)
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -104,7 +117,7 @@ def make_engine(url: str | URL, *, echo: bool = False, **kwargs: Any) -> Engine:
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _make_sqlite_engine(parsed, echo=echo, **kwargs)
-    options: dict[str, Any] = {"pool_pre_ping": True}
+    options: dict[str, Any] = {"pool_pre_ping": True, "json_deserializer": load_json}
     if kwargs.get("poolclass") is None:
         # A few connections per process (API thread pool, dispatcher); recycled before
         # server-side idle timeouts close them.
@@ -119,7 +132,7 @@ def _make_sqlite_engine(url: URL, *, echo: bool, **kwargs: Any) -> Engine:
         "timeout": SQLITE_BUSY_TIMEOUT_S,
         "check_same_thread": False,
     }
-    options: dict[str, Any] = {"connect_args": connect_args}
+    options: dict[str, Any] = {"connect_args": connect_args, "json_deserializer": load_json}
     if path is None:
         # One shared connection, or every session would see its own empty database.
         options["poolclass"] = StaticPool

@@ -1147,7 +1147,8 @@ class StudyStore:
         offset: int = 0,
     ) -> Page[TrialRecord]:
         """A page of the study's trials. ``sort`` is one of :data:`TRIAL_SORT_KEYS`, ``-``
-        for descending; missing values sort last either way, ties by number. ``baseline``:
+        for descending; ties go by number in the same direction, and trials without a value
+        come last either way (by number, in the same direction). ``baseline``:
         ``True`` only baselines, ``False`` only tuned trials."""
         limit, offset = _page_bounds(limit, offset)
         key = sort[1:] if sort.startswith("-") else sort
@@ -1161,13 +1162,12 @@ class StudyStore:
             baseline = bool(baseline)
         with self._session(write=False) as session:
             conn = session.connection()
-            total, ids = _trial_page_ids(
+            total, items = _trial_page(
                 conn, study_id, statuses, baseline, key, sort.startswith("-"), limit, offset
             )
             if total == 0:
                 self._require_study(session, study_id)
-            items = _trials_by_id(conn, ids)
-        return Page(items=items, total=total, limit=limit, offset=offset)
+        return Page(items=tuple(items), total=total, limit=limit, offset=offset)
 
     # -- metrics ---------------------------------------------------------------------------
 
@@ -1252,10 +1252,18 @@ class StudyStore:
 def _trial_page_statements(
     key: str, descending: bool, by_status: bool, baseline: bool | None
 ) -> tuple[Executable, Executable, Executable]:
-    """The three statements of a trials page (count, ids with a value, ids without one),
-    built once per shape with bound parameters ``study_id``, ``statuses``, ``limit`` and
-    ``offset``: reusing the statement objects spares SQLAlchemy re-deriving the result
-    columns of a freshly built statement on every call."""
+    """The three statements of a trials page (the counts, the page's rows with a value, its
+    rows without one), built once per shape with bound parameters ``study_id``,
+    ``statuses``, ``limit`` and ``offset``: reusing the statement objects spares SQLAlchemy
+    re-deriving the result columns of a freshly built statement on every call.
+
+    Rows with a value and rows without one are paged apart, so that each part is one range
+    of the ``(study_id, key, number)`` index (:data:`~tuner.store.models.TRIAL_SORT_INDEXES`),
+    read in order whatever the backend's default place for NULLs: the query never sorts the
+    study's rows. Each part pages trial numbers, which that index holds (without filters,
+    PostgreSQL pages from the index alone), in a subquery joined back to the rows, so only
+    the page's rows are read.
+    """
     column = getattr(TrialRow, key)
     where: list[ColumnElement[bool]] = [TrialRow.study_id == bindparam("study_id")]
     if by_status:
@@ -1263,25 +1271,36 @@ def _trial_page_statements(
     if baseline is not None:
         where.append(TrialRow.baseline.is_not(None) if baseline else TrialRow.baseline.is_(None))
     count = select(func.count(), func.count(column)).select_from(TrialRow).where(*where)
-    order = column.desc() if descending else column.asc()
-    with_value = (
-        select(TrialRow.id)
-        .where(*where, column.is_not(None))
-        .order_by(order, TrialRow.number)
-        .limit(bindparam("limit"))
-        .offset(bindparam("offset"))
+    # Ties (and the rows without a value) go by number in the sort's direction: one scan of
+    # the index, forwards or backwards. A descending key with ascending ties would make
+    # PostgreSQL read and sort every row of the study.
+    number = TrialRow.number.desc() if descending else TrialRow.number.asc()
+    by_value = column.desc() if descending else column.asc()
+
+    def page_rows(part: ColumnElement[bool], *order: ColumnElement[Any]) -> Executable:
+        numbers = (
+            select(TrialRow.number)
+            .where(*where, part)
+            .order_by(*order)
+            .limit(bindparam("limit"))
+            .offset(bindparam("offset"))
+            .subquery("page")
+        )
+        return (
+            select(*_TRIAL_COLUMNS)
+            .join(numbers, TrialRow.number == numbers.c.number)
+            .where(TrialRow.study_id == bindparam("study_id"))
+            .order_by(*order)
+        )
+
+    return (
+        count,
+        page_rows(column.is_not(None), by_value, number),
+        page_rows(column.is_(None), number),
     )
-    without_value = (
-        select(TrialRow.id)
-        .where(*where, column.is_(None))
-        .order_by(TrialRow.number)
-        .limit(bindparam("limit"))
-        .offset(bindparam("offset"))
-    )
-    return count, with_value, without_value
 
 
-def _trial_page_ids(
+def _trial_page(
     conn: Connection,
     study_id: int,
     statuses: list[str] | None,
@@ -1290,30 +1309,24 @@ def _trial_page_ids(
     descending: bool,
     limit: int,
     offset: int,
-) -> tuple[int, list[int]]:
-    """The number of the study's trials matching the filters and the ids of one page of
-    them, sorted by ``key`` (missing values last), ties by number.
-
-    Rows with a value and rows without one are paged apart, so that each part is one range
-    of the ``(study_id, key, number)`` index (:data:`~tuner.store.models.TRIAL_SORT_INDEXES`),
-    read in order whatever the backend's default place for NULLs: the query never sorts the
-    study's rows, and it reads ids only (the rows of the page are loaded afterwards).
-    """
-    count, with_value_ids, without_value_ids = _trial_page_statements(
+) -> tuple[int, list[TrialRecord]]:
+    """How many of the study's trials match the filters, and one page of them sorted by
+    ``key`` (see :func:`_trial_page_statements`)."""
+    count, with_value_rows, without_value_rows = _trial_page_statements(
         key, descending, statuses is not None, baseline
     )
     params: dict[str, Any] = {"study_id": study_id}
     if statuses is not None:
         params["statuses"] = statuses
     total, with_value = conn.execute(count, params).one()
-    ids: list[int] = []
+    rows: list[Any] = []
     if offset < with_value:
         page = {**params, "limit": limit, "offset": offset}
-        ids.extend(conn.execute(with_value_ids, page).scalars())
-    if len(ids) < limit and offset + len(ids) < total:
-        page = {**params, "limit": limit - len(ids), "offset": max(0, offset - with_value)}
-        ids.extend(conn.execute(without_value_ids, page).scalars())
-    return int(total), ids
+        rows.extend(conn.execute(with_value_rows, page).all())
+    if len(rows) < limit and offset + len(rows) < total:
+        page = {**params, "limit": limit - len(rows), "offset": max(0, offset - with_value)}
+        rows.extend(conn.execute(without_value_rows, page).all())
+    return int(total), [_trial_record_of(row) for row in rows]
 
 
 _COUNT_TRIALS = (
@@ -1331,17 +1344,6 @@ _CURVE_METRICS = (
     .where(TrialMetricRow.trial_id.in_(bindparam("ids", expanding=True)))
     .order_by(TrialMetricRow.trial_id, TrialMetricRow.epoch)
 )
-
-_TRIALS_BY_ID = select(*_TRIAL_COLUMNS).where(TrialRow.id.in_(bindparam("ids", expanding=True)))
-
-
-def _trials_by_id(conn: Connection, ids: Sequence[int]) -> tuple[TrialRecord, ...]:
-    """The trials with these ids, in this order (Core: no ORM objects for a listing)."""
-    if not ids:
-        return ()
-    rows = conn.execute(_TRIALS_BY_ID, {"ids": list(ids)}).all()
-    by_id = {row[0]: row for row in rows}
-    return tuple(_trial_record_of(by_id[i]) for i in ids if i in by_id)
 
 
 def _missing_table(exc: OperationalError | ProgrammingError) -> bool:
