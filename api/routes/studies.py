@@ -83,7 +83,7 @@ def create_study(
     summary="List studies",
     responses=error_responses(401, 422),
 )
-def list_studies(
+async def list_studies(
     store: StoreDep,
     status: Annotated[
         list[StudyStatus] | None, Query(description="Only these statuses (repeatable).")
@@ -109,7 +109,7 @@ def list_studies(
     summary="Get a study",
     responses=error_responses(401, 404, 422),
 )
-def get_study(store: StoreDep, study_id: StudyId) -> StudyDetail:
+async def get_study(store: StoreDep, study_id: StudyId) -> StudyDetail:
     """Status, progress (trials done / running / budget), best trial so far, spec, error."""
     return _detail(store, store.get_study(study_id))
 

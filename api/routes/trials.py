@@ -36,7 +36,7 @@ SORT_VALUES: Final = tuple(v for key in TRIAL_SORT_KEYS for v in (key, f"-{key}"
     summary="List a study's trials",
     responses=error_responses(401, 404, 422),
 )
-def list_trials(
+async def list_trials(
     store: StoreDep,
     study_id: StudyId,
     status: Annotated[
@@ -48,7 +48,8 @@ def list_trials(
     sort: Annotated[
         str,
         Query(
-            description="Sort key, prefix '-' for descending; missing values sort last.",
+            description="Sort key, prefix '-' for descending; ties go by trial number in the same "
+            "direction; trials without a value come last either way.",
             json_schema_extra={"enum": list(SORT_VALUES)},
         ),
     ] = "number",
@@ -84,7 +85,7 @@ def list_trials(
     summary="Get a trial",
     responses=error_responses(401, 404, 422),
 )
-def get_trial(store: StoreDep, study_id: StudyId, number: TrialNumber) -> TrialOut:
+async def get_trial(store: StoreDep, study_id: StudyId, number: TrialNumber) -> TrialOut:
     return TrialOut.from_record(store.get_trial(study_id, number))
 
 
@@ -94,7 +95,7 @@ def get_trial(store: StoreDep, study_id: StudyId, number: TrialNumber) -> TrialO
     summary="A trial's per-epoch metrics",
     responses=error_responses(401, 404, 422),
 )
-def trial_metrics(store: StoreDep, study_id: StudyId, number: TrialNumber) -> TrialMetricsOut:
+async def trial_metrics(store: StoreDep, study_id: StudyId, number: TrialNumber) -> TrialMetricsOut:
     trial = store.get_trial(study_id, number)
     return TrialMetricsOut(
         study_id=study_id,
