@@ -599,8 +599,12 @@ def _run(args: argparse.Namespace, tmp: Path) -> int:
         )
         print(f"data built in {time.perf_counter() - t0:.1f} s: {asdict(build)}", flush=True)
         if backend == "PostgreSQL":
-            with store.engine.connect() as conn:
-                conn.execute(text("ANALYZE"))
+            # What autovacuum does within a minute or so of a bulk load: statistics for the
+            # planner and the visibility map for index-only scans. VACUUM cannot run in a
+            # transaction (and an ANALYZE in one that is rolled back leaves no statistics).
+            autocommit = store.engine.execution_options(isolation_level="AUTOCOMMIT")
+            with autocommit.connect() as conn:
+                conn.execute(text("VACUUM ANALYZE"))
                 info["postgresql"] = conn.execute(text("SHOW server_version")).scalar_one()
 
     ctx = multiprocessing.get_context("spawn")
