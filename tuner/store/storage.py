@@ -1202,7 +1202,7 @@ class StudyStore:
             ).all()
             epochs: dict[int, list[EpochMetrics]] = {t.id: [] for t in trials}
             if trials:
-                rows = conn.execute(_CURVE_METRICS, {"ids": list(epochs)})
+                rows = conn.execute(_CURVE_METRICS, {"ids": list(epochs)}).all()
                 for row in rows:
                     epochs[row[0]].append(EpochMetrics(*row))
         items = tuple(
