@@ -40,7 +40,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) system-deps lint typecheck
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
