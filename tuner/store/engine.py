@@ -166,6 +166,20 @@ def _make_sqlite_engine(url: URL, *, echo: bool, **kwargs: Any) -> Engine:
     return engine
 
 
+def read_engine(engine: Engine) -> Engine:
+    """A view of ``engine`` for read-only transactions.
+
+    On PostgreSQL the reads run in autocommit: at its READ COMMITTED level (the default)
+    every statement takes its own snapshot whether a transaction is open or not, so a
+    read-only transaction only added a ``BEGIN`` and a ``COMMIT``, two of a trials page's
+    five round trips. On SQLite a read transaction keeps one snapshot for all its statements
+    (a page and its total agree); it stays.
+    """
+    if engine.dialect.name == "postgresql":
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+    return engine
+
+
 def write_engine(engine: Engine) -> Engine:
     """A view of ``engine`` whose transactions take SQLite's write lock when they begin.
 

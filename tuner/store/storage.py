@@ -56,7 +56,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from tuner.errors import ConflictError, InvalidStateError, NotFoundError, ValidationError
 from tuner.schedule import Schedule, ScheduleError
 from tuner.store import migrate
-from tuner.store.engine import display_url, make_engine, normalize_url, write_engine
+from tuner.store.engine import (
+    display_url,
+    make_engine,
+    normalize_url,
+    read_engine,
+    write_engine,
+)
 from tuner.store.models import (
     BASELINE_MAX,
     NAME_MAX,
@@ -410,7 +416,7 @@ class StudyStore:
         self._clock = clock or _utcnow
         self._engine = make_engine(self._url)
         self._sqlite = self._url.get_backend_name() == "sqlite"
-        self._reads = sessionmaker(self._engine, expire_on_commit=False)
+        self._reads = sessionmaker(read_engine(self._engine), expire_on_commit=False)
         self._writes = sessionmaker(write_engine(self._engine), expire_on_commit=False)
         if create:
             try:
