@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -11,7 +12,7 @@ import anyio
 import pytest
 from starlette.types import Message, Scope
 
-from api.app import create_app
+from api.app import create_app, create_server_app
 from tests.api.conftest import (
     SPEC_YAML,
     STUDIES,
@@ -22,6 +23,7 @@ from tests.api.conftest import (
     open_client,
 )
 from tuner import __version__
+from tuner.settings import Settings
 from tuner.store import StudyStore, migrate
 from tuner.tasks import available_tasks
 
@@ -215,3 +217,17 @@ def test_declared_length_over_the_limit_is_refused_before_reading(url: str) -> N
     assert sent[0]["status"] == 413
     body = b"".join(m.get("body", b"") for m in sent[1:])
     assert json.loads(body)["error"]["code"] == "request_too_large"
+
+
+def test_the_server_app_serves_with_its_startup_heap_frozen(sqlite_url: str) -> None:
+    gc.unfreeze()
+    try:
+        app = create_server_app(Settings(database_url=sqlite_url))
+        # What the process built so far is out of the collector's view (full collections
+        # would walk it all, tens of milliseconds in which no request is answered).
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()
+    with TestClient(app) as client:
+        assert client.get("/api/v1/health").json()["database"] == "ok"
+        assert client.get("/api/v1/studies").json()["total"] == 0

@@ -186,7 +186,7 @@ def serve(
     """Serve the REST API (OpenAPI docs at /docs) and, by default, run queued studies."""
     import uvicorn
 
-    from api.app import create_app
+    from api.app import create_server_app
     from tuner.settings import get_settings
 
     _configure_logging(log_level)
@@ -205,7 +205,7 @@ def serve(
         if workers > 1:
             # Each process builds its app from the environment (the same settings).
             uvicorn.run(
-                "api.app:create_app",
+                "api.app:create_server_app",
                 factory=True,
                 workers=workers,
                 host=bind_host,
@@ -214,7 +214,7 @@ def serve(
             )
         else:
             uvicorn.run(
-                create_app(settings=settings),
+                create_server_app(settings),
                 host=bind_host,
                 port=bind_port,
                 log_level=log_level.lower(),
