@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -159,7 +160,7 @@ def _rdb_storage(url: str, engine_kwargs: Mapping[str, Any]) -> optuna.storages.
     sqlite = url.startswith("sqlite")
     if sqlite:
         kwargs.setdefault("connect_args", {"timeout": 30})
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    storage = _create_rdb_storage(url, kwargs)
     if sqlite:
 
         @sqlalchemy.event.listens_for(storage.engine, "connect")
@@ -171,6 +172,44 @@ def _rdb_storage(url: str, engine_kwargs: Mapping[str, Any]) -> optuna.storages.
 
         storage.engine.dispose()  # connections opened so far lack the pragmas
     return storage
+
+
+#: Attempts at creating Optuna's tables while another process creates them.
+_SCHEMA_RACE_ATTEMPTS: Final = 6
+
+
+def _create_rdb_storage(url: str, engine_kwargs: dict[str, Any]) -> optuna.storages.RDBStorage:
+    """``RDBStorage(url)``, once Optuna's tables exist (:func:`_ensure_optuna_schema`)."""
+    _ensure_optuna_schema(url, engine_kwargs)
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+
+
+def _ensure_optuna_schema(url: str, engine_kwargs: Mapping[str, Any]) -> None:
+    """Create Optuna's tables if they are missing, trying again while another process is
+    creating them.
+
+    Opening an Optuna storage creates its tables (check, then ``CREATE``), so two
+    dispatchers starting their first studies on a fresh database at the same moment both
+    create them; the loser failed (PostgreSQL: a unique violation in ``pg_type``; SQLite:
+    "already exists") and its study with it. Once the winner is done the tables exist, and
+    another attempt only finds them. The attempts open no connection pool (``NullPool``),
+    so a failed one leaves no connection behind.
+    """
+    kwargs: dict[str, Any] = {"poolclass": sqlalchemy.pool.NullPool}
+    if "connect_args" in engine_kwargs:
+        kwargs["connect_args"] = engine_kwargs["connect_args"]
+    for attempt in range(1, _SCHEMA_RACE_ATTEMPTS + 1):
+        try:
+            optuna.storages.RDBStorage(url, engine_kwargs=kwargs).engine.dispose()
+            return
+        except sqlalchemy.exc.DBAPIError as exc:
+            raced = isinstance(exc, sqlalchemy.exc.IntegrityError) or "already exists" in str(
+                exc.orig
+            )
+            if not raced or attempt == _SCHEMA_RACE_ATTEMPTS:
+                raise
+            log.info("Optuna's tables are being created by another process; trying again")
+            time.sleep(0.2 * attempt)
 
 
 class ScheduleSearcher(Searcher):

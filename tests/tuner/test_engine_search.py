@@ -4,6 +4,7 @@ SQLite: baselines first, constraint rejection, how trials are told, and resume."
 from __future__ import annotations
 
 import pickle
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -246,3 +247,29 @@ def test_a_fresh_start_completes_a_study_from_its_database_trials(storage: str) 
     second.on_trial_complete("n1", result(6, 0.8))
     study = optuna.load_study(study_name="s", storage=storage)
     assert study.trials[1].state == TrialState.COMPLETE  # trial 4's Optuna trial is told
+
+
+def test_searchers_opening_a_fresh_database_at_once_all_get_optuna_storage(db_url: str) -> None:
+    # Two dispatchers starting their first studies together both create Optuna's tables;
+    # the loser used to fail its study ("duplicate key value violates unique constraint",
+    # every time with four threads on PostgreSQL).
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+    storages: list[optuna.storages.RDBStorage] = []
+
+    def open_storage() -> None:
+        start.wait()
+        try:
+            storages.append(engine_search._rdb_storage(db_url, {}))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_storage) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    for storage in storages:
+        assert storage.get_all_studies() == []
+        storage.engine.dispose()
