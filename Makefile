@@ -39,8 +39,18 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two pytest processes side by side: the tests that train or run studies (markers ray, slow)
+# one after another in one, as in a single run (they are sized for the machine's 2 cores and
+# share one Ray instance); everything else in the other, whose report follows when both end.
 test: $(STAMP) system-deps lint typecheck
-	$(BIN)/pytest -n 2 --dist loadgroup
+	@tmp=$$(mktemp -d); \
+	$(BIN)/pytest -m "not ray and not slow" --basetemp="$$tmp/quick" >"$$tmp/quick.log" 2>&1 & \
+	quick=$$!; \
+	$(BIN)/pytest -m "ray or slow" --basetemp="$$tmp/training"; training=$$?; \
+	wait $$quick; quick=$$?; \
+	echo "=== the tests not marked ray or slow (run alongside) ==="; cat "$$tmp/quick.log"; \
+	rm -rf "$$tmp"; \
+	test $$training -eq 0 && test $$quick -eq 0
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -23,19 +23,6 @@ def _pg_conninfo(sqlalchemy_url: str) -> str:
     return sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://", 1)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``), the tests that
-    train or run studies (marked ``ray`` or ``slow``) all go to one worker, one after the
-    other, as in a plain run: they share that worker's Ray instance, and two of them never
-    compete for the 2 cores their timings assume. The other worker runs everything else."""
-    if not getattr(config.option, "numprocesses", None):
-        return
-    heavy = pytest.mark.xdist_group("training")
-    for item in items:
-        if item.get_closest_marker("ray") or item.get_closest_marker("slow"):
-            item.add_marker(heavy)
-
-
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     """A local Ray instance with 2 CPUs, started once for the whole test session."""
