@@ -1173,7 +1173,7 @@ class StudyStore:
             )
             if total == 0:
                 self._require_study(session, study_id)
-        return Page(items=tuple(items), total=total, limit=limit, offset=offset)
+        return Page(items=items, total=total, limit=limit, offset=offset)
 
     # -- metrics ---------------------------------------------------------------------------
 
@@ -1315,7 +1315,7 @@ def _trial_page(
     descending: bool,
     limit: int,
     offset: int,
-) -> tuple[int, list[TrialRecord]]:
+) -> tuple[int, tuple[TrialRecord, ...]]:
     """How many of the study's trials match the filters, and one page of them sorted by
     ``key`` (see :func:`_trial_page_statements`)."""
     count, with_value_rows, without_value_rows = _trial_page_statements(
@@ -1332,7 +1332,7 @@ def _trial_page(
     if len(rows) < limit and offset + len(rows) < total:
         page = {**params, "limit": limit - len(rows), "offset": max(0, offset - with_value)}
         rows.extend(conn.execute(without_value_rows, page).all())
-    return int(total), [_trial_record_of(row) for row in rows]
+    return int(total), tuple(_trial_record_of(row) for row in rows)
 
 
 _COUNT_TRIALS = (
