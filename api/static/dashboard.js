@@ -290,6 +290,15 @@
       ? '<span class="good">' + (1 / r).toFixed(1) + "× fewer</span> " + noun
       : '<span class="bad">' + r.toFixed(1) + "× more</span> " + noun;
   }
+  // The best schedule's cost against a baseline's as a KPI value: "8.3× more steps" when
+  // the best needed more (ratio > 1), "4.0× fewer steps" when it needed fewer.
+  function ratioValue(r, noun) {
+    if (!isNum(r) || r <= 0) return "—";
+    if (Math.abs(r - 1) < 0.005) return 'same<span class="unit"> ' + noun + "</span>";
+    return r < 1
+      ? '<span class="good">' + (1 / r).toFixed(1) + '</span><span class="unit">× fewer ' + noun + "</span>"
+      : '<span class="bad">' + r.toFixed(1) + '</span><span class="unit">× more ' + noun + "</span>";
+  }
   function sizeText(r) {
     if (!isNum(r) || r <= 0) return null;
     if (Math.abs(r - 1) < 0.005) return "same";
@@ -319,7 +328,7 @@
       var v = ref.vs_best;
       var steps = ratioText(v.steps_ratio, "steps");
       cards.push(kpi("vs " + esc(baselineLabel(ref.baseline)),
-        isNum(v.steps_ratio) && v.steps_ratio > 0 ? (1 / v.steps_ratio).toFixed(1) + '<span class="unit">× fewer steps</span>' : "—",
+        ratioValue(v.steps_ratio, "steps"),
         [deltaText(v.accuracy_delta) ? deltaText(v.accuracy_delta) + " accuracy" : null,
           ratioText(v.wall_time_ratio, "wall time")].filter(Boolean).join(" · ") || (steps || ""),
         "kpi-baseline"));

@@ -760,3 +760,36 @@ def test_running_study_updates_without_reload(server: Server, page: Any) -> None
     assert row.locator(".badge-best").count() == 1
     assert page.evaluate("window.__marker") == "same page"
     assert page.locator("#live-indicator").inner_text() == ""
+
+
+def _ratio_phrase(best: float, base: float, noun: str) -> str:
+    """How the best schedule's cost compares with a baseline's, as a user should read it."""
+    ratio = best / base
+    return f"{ratio:.1f}× more {noun}" if ratio > 1 else f"{1 / ratio:.1f}× fewer {noun}"
+
+
+def test_headline_against_a_baseline_states_the_direction_of_the_table(
+    server: Server, page: Any
+) -> None:
+    """The running study's best so far is the small-batch baseline, which needs many more steps
+    than the Goyal baseline: the headline card says "more steps", with the ratio the
+    comparison table shows under that baseline."""
+    seeded = server.seeded
+    with StudyStore(server.db_url) as store:
+        trials = {t.baseline: t for t in store.list_trials(seeded.running_id, limit=100).items}
+    best, goyal = trials["small_batch"], trials["large_batch"]
+    assert best.steps is not None
+    assert goyal.steps is not None
+    assert best.steps > goyal.steps
+    expected = _ratio_phrase(best.steps, goyal.steps, "steps")
+
+    page.goto(f"{server.base_url}/studies/{seeded.running_id}")
+    page.wait_for_selector("#comparison-table")
+    card = page.locator("#kpi-baseline")
+    assert "Goyal" in card.locator(".kpi-label").text_content()
+    value = " ".join(card.locator(".kpi-value").inner_text().split())
+    assert value == expected
+    table_cell = page.locator(
+        f'#comparison-table tr[data-number="{goyal.number}"] td:nth-child(3) .delta'
+    )
+    assert " ".join(table_cell.inner_text().split()) == expected.removesuffix(" steps")
