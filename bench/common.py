@@ -324,6 +324,7 @@ def run_tuning_study(spec: StudySpec, workdir: Path) -> StudyRun:
             "status": o.status,
             "stop_reason": o.stop_reason,
             "epochs_done": o.epochs_done,
+            "compute_epochs": o.extra.get("compute_epochs"),
             "val_accuracy": o.val_accuracy,
             "steps": o.steps,
             "samples": o.samples,

@@ -4,30 +4,33 @@ Runs the same study (task, epochs, search space, objective) several times throug
 service's code path (``workers.runner.run_study``: engine, Ray Tune, Optuna, store), once per
 method and seed:
 
-* ``tpe_asha``: stagetune's default search, Optuna TPE with ASHA early stopping
-  (``budget.sampler: tpe``, ``budget.early_stopping: true``);
+* ``tpe_asha_probes``: stagetune's default search, Optuna TPE with ASHA early stopping that
+  ranks trials at its rungs by cooldown probes (``budget.cooldown_probes: true``);
+* ``tpe_asha``: the same without probes, ASHA on mid-run accuracy (the search before probes;
+  ``budget.cooldown_probes: false``);
 * ``random``: Optuna's RandomSampler without early stopping (``budget.sampler: random``,
   ``budget.early_stopping: false``): every drawn schedule trains all its epochs.
 
-No engine hook is needed: both switches are fields of the study spec. The studies run no
+No engine hook is needed: the switches are fields of the study spec. The studies run no
 baselines (this measures the search). Compute is counted in **trial-epochs** (epochs trained
-by all trials; a schedule rejected by the objective's constraint before training costs 0), in
-the order trials finish. A trial's accuracy counts as a "schedule found" only when it trained
-every epoch (a trial stopped by ASHA has no final accuracy). The fixed compute budget is the
-random search's: ``random trials x epochs`` trial-epochs; the TPE + ASHA curve is cut there.
+by all trials plus the epochs of their cooldown probes; a schedule rejected by the objective's
+constraint before training costs 0), in the order trials finish. A trial's accuracy counts as a
+"schedule found" only when it trained every epoch (a trial stopped by ASHA has no final
+accuracy). The fixed compute budget is the random search's: ``random trials x epochs``
+trial-epochs; the other curves are cut there.
 
 The *best schedule known* is the most accurate full run (validation accuracy, the tuning
 metric) over all studies of this run; for each study the script reports the trial-epochs spent
-until its best-so-far came within ``--tolerance`` (0.5 point) of it. Target: TPE + ASHA needs
-at most half of random search's compute.
+until its best-so-far came within ``--tolerance`` (0.5 point) of it. Target: the default search
+needs at most half of random search's compute.
 
 Writes ``tuning_efficiency[_smoke].{json,md,png}`` to ``--results-dir`` (default
 ``bench/results``) and ends with one line::
 
-    efficiency tpe_asha_epochs=.. random_epochs=.. ratio=..
+    efficiency task=.. default=tpe_asha_probes ratio_vs_random=.. ratio_vs_tpe_asha=..
 
-(means over the seeds of the trial-epochs to come within the tolerance; a study that never
-does counts the whole budget, and the JSON flags it; ratio = tpe_asha / random).
+(ratios of the means over the seeds of the trial-epochs to come within the tolerance; a study
+that never does counts the whole budget, and the JSON flags it).
 
     .venv/bin/python bench/tuning_efficiency.py            # mnist1d, 3 seeds per method
     .venv/bin/python bench/tuning_efficiency.py --smoke --results-dir /tmp/e
@@ -64,8 +67,9 @@ from common import (  # noqa: E402
 
 from tuner.spec import StudySpec  # noqa: E402
 
-METHODS = ("tpe_asha", "random")
-COLORS = {"tpe_asha": "tab:red", "random": "tab:blue"}
+METHODS = ("tpe_asha_probes", "tpe_asha", "random")
+DEFAULT = "tpe_asha_probes"
+COLORS = {"tpe_asha_probes": "tab:green", "tpe_asha": "tab:red", "random": "tab:blue"}
 
 
 def study_spec(
@@ -79,7 +83,7 @@ def study_spec(
     grace: int,
     concurrent: int,
 ) -> StudySpec:
-    tpe = method == "tpe_asha"
+    tpe = method.startswith("tpe_asha")
     objective: dict[str, Any] = {"kind": "accuracy"}
     if max_steps is not None:
         objective["max_steps"] = max_steps
@@ -104,6 +108,7 @@ def study_spec(
                 "grace_period_epochs": grace,
                 "reduction_factor": 3,
                 "early_stopping": tpe,
+                "cooldown_probes": method == "tpe_asha_probes",
                 "sampler": "tpe" if tpe else "random",
                 "startup_trials": min(5, max(1, trials // 4)),
             },
@@ -115,11 +120,11 @@ def study_spec(
 
 def curve(run: StudyRun, epochs: int) -> list[dict[str, Any]]:
     """Best-so-far full-run accuracy after each trial, against cumulative trial-epochs."""
-    spent = 0
+    spent = 0.0
     best: float | None = None
     points = []
     for t in run.trials:
-        spent += int(t["epochs_done"] or 0)
+        spent += float(t.get("compute_epochs") or t["epochs_done"] or 0)
         acc = t["val_accuracy"]
         full = (
             t["status"] == "completed"
@@ -134,12 +139,12 @@ def curve(run: StudyRun, epochs: int) -> list[dict[str, Any]]:
     return points
 
 
-def epochs_to_reach(points: list[dict[str, Any]], threshold: float, budget: int) -> int | None:
+def epochs_to_reach(points: list[dict[str, Any]], threshold: float, budget: int) -> float | None:
     for p in points:
         if p["trial_epochs"] > budget:
             return None
         if p["best"] is not None and p["best"] >= threshold:
-            return int(p["trial_epochs"])
+            return round(float(p["trial_epochs"]), 1)
     return None
 
 
@@ -191,8 +196,8 @@ def _plot(
     plt.close(fig)
 
 
-def _fmt_epochs(value: int | None, budget: int) -> str:
-    return f"not within budget (>{budget})" if value is None else str(value)
+def _fmt_epochs(value: float | None, budget: int) -> str:
+    return f"not within budget (>{budget})" if value is None else f"{value:.1f}"
 
 
 def _markdown(data: dict[str, Any]) -> str:
@@ -203,7 +208,7 @@ def _markdown(data: dict[str, Any]) -> str:
             s["method"],
             str(s["seed"]),
             str(s["trials_trained"]),
-            str(s["trial_epochs_total"]),
+            f"{s['trial_epochs_total']:.1f}",
             f"{100 * s['best_within_budget']:.2f}" if s["best_within_budget"] else "-",
             _fmt_epochs(s["epochs_to_reach"], budget),
             f"{s['wall_time_s']:.0f}",
@@ -225,8 +230,9 @@ def _markdown(data: dict[str, Any]) -> str:
         )
     out = [
         f"# Tuning efficiency: {cfg['task']}, {cfg['epochs']}-epoch trials\n\n",
-        f"Budget per study: random {cfg['random_trials']} trials, TPE + ASHA "
-        f"{cfg['tpe_trials']} trials (grace {cfg['grace']} epochs, reduction 3), curves cut at "
+        f"Budget per study: random {cfg['random_trials']} trials, TPE + ASHA (with and "
+        f"without cooldown probes) {cfg['tpe_trials']} trials (grace {cfg['grace']} epochs, "
+        "reduction 3; probes after the rungs' epochs, 0.2 of the epochs trained), curves cut at "
         f"{budget} trial-epochs; {cfg['concurrent']} trials at once, 1 worker each. "
         f"Objective: val accuracy with max_steps {cfg['max_steps']}. Best schedule known: "
         f"{100 * data['best_known']:.2f}% val; tolerance {100 * cfg['tolerance']:.1f} point "
@@ -246,7 +252,8 @@ def _markdown(data: dict[str, Any]) -> str:
         ""
         if data.get("complete", True)
         else f"\n**Partial**: seeds {cfg['seeds']} finished; the run was cut short.\n",
-        f"\nRatio (TPE + ASHA / random): {data['ratio']:.2f}; target <= 0.5: "
+        f"\nRatios of the default ({DEFAULT}) to random: {data['ratio']:.2f}, to TPE + ASHA "
+        f"without probes: {data['ratio_vs_tpe_asha']:.2f}; target <= 0.5 of random: "
         f"{'met' if data['target_met'] else 'NOT met'}.\n",
         f"\nMachine: {data['machine']}\n",
     ]
@@ -281,9 +288,11 @@ def report(
             "trial_epochs_total_mean": mean_std([s["trial_epochs_total"] for s in mine])[0],
             "best_mean": mean_std([s["best_within_budget"] or 0.0 for s in mine])[0],
         }
+    default_e = methods[DEFAULT]["epochs_to_reach_mean"]
     tpe_e = methods["tpe_asha"]["epochs_to_reach_mean"]
     rnd_e = methods["random"]["epochs_to_reach_mean"]
-    ratio = tpe_e / rnd_e if rnd_e else math.inf
+    ratio = default_e / rnd_e if rnd_e else math.inf
+    ratio_tpe = default_e / tpe_e if tpe_e else math.inf
     data: dict[str, Any] = {
         "config": {
             "task": args.task,
@@ -303,13 +312,18 @@ def report(
         "best_known": best_known,
         "threshold": threshold,
         "methods": methods,
+        "default": DEFAULT,
         "ratio": ratio,
+        "ratio_vs_tpe_asha": ratio_tpe,
         "target_met": ratio <= 0.5,
         "studies": studies,
         "machine": machine_info(),
         "total_wall_time_s": time.perf_counter() - started,
     }
-    line = f"efficiency tpe_asha_epochs={tpe_e:.1f} random_epochs={rnd_e:.1f} ratio={ratio:.2f}"
+    line = (
+        f"efficiency task={args.task} default={DEFAULT} ratio_vs_random={ratio:.2f} "
+        f"ratio_vs_tpe_asha={ratio_tpe:.2f}"
+    )
     data["summary_line"] = line
     args.results_dir.mkdir(parents=True, exist_ok=True)
     write_json(args.results_dir / f"{stem}.json", data)
@@ -368,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     studies: list[dict[str, Any]] = []
     for seed in range(args.seeds):
         for method in METHODS:
-            trials = args.tpe_trials if method == "tpe_asha" else args.random_trials
+            trials = args.tpe_trials if method.startswith("tpe_asha") else args.random_trials
             spec = study_spec(
                 method,
                 args.task,
@@ -398,8 +412,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 }
             )
             print(
-                f"  {method:<8} seed {seed}: {len(run.trials)} trials, "
-                f"{studies[-1]['trial_epochs_total']} trial-epochs, best "
+                f"  {method:<15} seed {seed}: {len(run.trials)} trials, "
+                f"{studies[-1]['trial_epochs_total']:.1f} trial-epochs, best "
                 f"{100 * (best_in or 0):.2f}% within budget, {run.wall_time_s:.0f} s",
                 flush=True,
             )

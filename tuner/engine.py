@@ -79,6 +79,7 @@ __all__ = [
     "concurrency_for",
     "connect_ray",
     "outcome_of",
+    "rung_epochs",
     "set_aside",
     "unreadable_state",
 ]
@@ -201,7 +202,10 @@ class RelayCallback(tune.Callback):
 class ProtectedASHA(AsyncHyperBandScheduler):
     """ASHA over the tuned trials only: baselines are neither stopped nor recorded in the
     rungs (they run to the end so the study compares against complete baselines, and tuned
-    schedules compete among themselves, not against the small-batch baseline's fast start)."""
+    schedules compete among themselves, not against the small-batch baseline's fast start).
+    Results whose metric is ``None`` are skipped (with cooldown probes the trainable reports
+    ``score`` at every epoch, as Tune requires, but it has a value only after a probe and at
+    the run's end)."""
 
     @staticmethod
     def _is_baseline(trial: Any) -> bool:
@@ -209,16 +213,28 @@ class ProtectedASHA(AsyncHyperBandScheduler):
         return meta is not None and meta.baseline is not None
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
-        if self._is_baseline(trial):
+        # A result without a value to compare (``score`` is None between cooldown probes)
+        # is no decision point.
+        if self._is_baseline(trial) or result.get(str(self._metric)) is None:
             return str(TrialScheduler.CONTINUE)
         action: str = super().on_trial_result(tune_controller, trial, result)
         return action
 
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
-        if self._is_baseline(trial):
+        if self._is_baseline(trial) or result.get(str(self._metric)) is None:
             self._trial_info.pop(trial.trial_id, None)
             return
         super().on_trial_complete(tune_controller, trial, result)
+
+
+def rung_epochs(grace_period: int, reduction_factor: float, max_t: int) -> tuple[int, ...]:
+    """The epochs at which single-bracket ASHA compares trials (its rung milestones below the
+    run's end), as Ray Tune's ``AsyncHyperBandScheduler`` computes them: ``grace_period *
+    reduction_factor ** k`` for ``k = 0, 1, ...`` while at most ``max_t``; the run's last epoch
+    is left out (a run that got there has finished and is ranked on its own result)."""
+    rungs = int(math.log(max_t / grace_period) / math.log(reduction_factor) + 1)
+    milestones = (grace_period * reduction_factor**k for k in range(max(rungs, 0)))
+    return tuple(sorted({math.ceil(m - 1e-9) for m in milestones if m < max_t}))
 
 
 def connect_ray() -> None:
@@ -313,6 +329,11 @@ def outcome_of(
     steps = num("steps")
     samples = num("samples")
     done = result.get("training_iteration")
+    # Compute spent: epochs trained plus the cooldown probes' epochs (trainables that do not
+    # report it spent their epochs alone).
+    compute = num("compute_epochs")
+    if compute is None and isinstance(done, int):
+        compute = float(done)
     return TrialOutcome(
         number=meta.number,
         baseline=meta.baseline,
@@ -327,7 +348,11 @@ def outcome_of(
         values=None if error else objective.values(result),
         feasible=feasible,
         summary=summary,
-        extra={"params": meta.params, "optuna_trial": meta.optuna_trial},
+        extra={
+            "params": meta.params,
+            "optuna_trial": meta.optuna_trial,
+            "compute_epochs": compute,
+        },
     )
 
 
@@ -559,11 +584,37 @@ class TuningEngine:
     def budget(self) -> int:
         return self.resolved.spec.budget.trials
 
+    @property
+    def probes(self) -> bool:
+        """Whether trials are ranked by cooldown probes at ASHA's rungs."""
+        budget = self.resolved.spec.budget
+        return (
+            budget.cooldown_probes
+            and budget.early_stopping
+            and self.objective.scheduler_metric is not None
+        )
+
+    def probe_epochs(self) -> tuple[int, ...]:
+        """The epoch counts after which tuned trials run a cooldown probe: ASHA's rungs."""
+        if not self.probes:
+            return ()
+        budget = self.resolved.spec.budget
+        return rung_epochs(
+            budget.grace_period_epochs, budget.reduction_factor, self.resolved.total_epochs
+        )
+
     def common_config(self) -> dict[str, Any]:
         """The config keys every trial shares (the searcher adds schedule and bookkeeping)."""
         spec = self.resolved.spec
         res = spec.resources
+        probes: dict[str, Any] = {}
+        if self.probes:
+            probes = {
+                "probe_at": list(self.probe_epochs()),
+                "probe_fraction": spec.budget.probe_fraction,
+            }
         return {
+            **probes,
             "task": spec.task,
             "task_options": dict(spec.task_options),
             "seed": spec.seed,
@@ -631,7 +682,9 @@ class TuningEngine:
             return FIFOScheduler()  # type: ignore[no-untyped-call]
         return ProtectedASHA(
             time_attr="training_iteration",
-            metric=metric,
+            # With probes the trainable reports ``score`` at the rungs (the probe's accuracy)
+            # and at the run's end (its own); ASHA sees no other epoch's result.
+            metric="score" if self.probes else metric,
             mode="max",
             max_t=self.resolved.total_epochs,
             grace_period=budget.grace_period_epochs,
@@ -755,6 +808,20 @@ class TuningEngine:
                 "cancelled": cancelled,
                 "optuna_study": self.optuna_study_name,
                 "experiment_path": str(self.experiment_path),
+                "cooldown_probes": {
+                    "at_epochs": list(self.probe_epochs()),
+                    "fraction": self.resolved.spec.budget.probe_fraction,
+                }
+                if self.probes
+                else None,
+                # Trial-epochs this run trained, cooldown probes included (trials the database
+                # held as finished before a take-over count their epochs).
+                "compute_epochs": round(
+                    sum(
+                        float(o.extra.get("compute_epochs") or o.epochs_done or 0) for o in outcomes
+                    ),
+                    3,
+                ),
             },
         )
         return EngineResult(

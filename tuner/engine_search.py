@@ -371,7 +371,10 @@ class ScheduleSearcher(Searcher):
 
     def _issue(self, trial_id: str, meta: TrialMeta, schedule: dict[str, Any]) -> dict[str, Any]:
         self._trials[trial_id] = meta
-        return {"schedule": schedule, META_KEY: meta.to_dict()}
+        config: dict[str, Any] = {"schedule": schedule, META_KEY: meta.to_dict()}
+        if meta.baseline is not None:
+            config["probe_at"] = []  # baselines run to the end whatever ASHA sees: no probes
+        return config
 
     def _draw(self) -> tuple[Schedule, optuna.Trial]:
         study = self.study

@@ -364,6 +364,18 @@ class Budget(_Model):
     early_stopping: bool = Field(
         default=True, description="Stop unpromising trials with ASHA (single-objective studies)."
     )
+    cooldown_probes: bool = Field(
+        default=True,
+        description="ASHA ranks a trial at each rung by a cooldown probe (a branch with the "
+        "LR annealed to zero, then evaluated and thrown away), not by its mid-run accuracy.",
+    )
+    probe_fraction: float = Field(
+        default=0.2,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="A probe's length as a fraction of the epochs the trial has trained.",
+    )
     max_failures: int = Field(
         strict=True,
         default=1,

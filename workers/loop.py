@@ -102,6 +102,8 @@ class TrialSpec:
     noise_scale_ema: float = 0.9
     amp: bool = True
     collective_timeout_s: float = 1800.0
+    probe_at: tuple[int, ...] = ()
+    probe_fraction: float = 0.2
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TrialSpec:
@@ -113,7 +115,10 @@ class TrialSpec:
         (False), ``drop_last`` (True), ``slowdown`` ({rank: factor >= 1}, debug: that rank
         sleeps ``factor - 1`` times its compute time), ``eval_batch_size`` (1024),
         ``noise_scale_ema`` (0.9), ``amp`` (True: bf16 autocast on CUDA),
-        ``collective_timeout_s`` (1800). ``resources: {workers, cpus_per_worker,
+        ``collective_timeout_s`` (1800), ``probe_at`` (epoch counts after which a cooldown
+        probe runs, e.g. ``[2, 6]``; see :meth:`TrialWorker.probe`), ``probe_fraction`` (0.2:
+        the probe's length as a fraction of the epochs trained so far; in (0, 1]).
+        ``resources: {workers, cpus_per_worker,
         gpus_per_worker}`` is accepted as an alternative spelling of those three keys (the
         flat keys win). Other keys are ignored (the engine may carry bookkeeping).
         """
@@ -216,6 +221,19 @@ class TrialSpec:
                     )
                     continue
                 slowdown[rank] = float(factor)
+        probe_at: list[int] = []
+        raw_probe = merged.get("probe_at") or ()
+        if not isinstance(raw_probe, (list, tuple)):
+            problems.append(f"'probe_at' must be a list of epoch counts >= 1, got {raw_probe!r}")
+        else:
+            for value in raw_probe:
+                if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                    problems.append(f"'probe_at' entries must be integers >= 1, got {value!r}")
+                else:
+                    probe_at.append(int(value))
+        fraction = number("probe_fraction", 0.2, 0.0, strict=True)
+        if fraction > 1.0:
+            problems.append(f"'probe_fraction' must be in (0, 1], got {fraction}")
         if problems or schedule is None:
             raise ValidationError("invalid trial config: " + "; ".join(problems))
         return cls(
@@ -234,6 +252,8 @@ class TrialSpec:
             noise_scale_ema=ema,
             amp=flag("amp", True),
             collective_timeout_s=timeout,
+            probe_at=tuple(sorted(set(probe_at))),
+            probe_fraction=fraction,
         )
 
 
@@ -505,9 +525,14 @@ class TrialWorker:
         eval_time = time.perf_counter() - eval_started
         if val_loss is None:
             self._diverged = True
+        probe: dict[str, Any] = {}
+        done = epoch + 1
+        if not self._diverged and done in spec.probe_at and done < schedule.total_epochs:
+            probe = self.probe(done, last_lr, weights)
         # The stage's split as it stands at the epoch's end (after any OOM retries).
         placement = self._placement(batch, weights)
         return {
+            **probe,
             "epoch": epoch,
             "stage": stage_index,
             "batch_size": batch,
@@ -703,6 +728,94 @@ class TrialWorker:
         self._micro_batch = new
         self._oom_retries += 1
         self._placements.clear()
+
+    # ------------------------------------------------------------------ cooldown probes
+
+    def probe(
+        self, epochs_done: int, lr: float, weights: tuple[float, ...] | None = None
+    ) -> dict[str, Any]:
+        """A cooldown probe from the state after ``epochs_done`` epochs: train
+        ``probe_fraction * epochs_done`` epochs' worth of steps at the batch of the stage just
+        trained, with the LR annealed linearly from ``lr`` (the LR of the last step) to zero,
+        evaluate, and put the trial's state back exactly as it was (model, optimizer, RNGs,
+        noise-scale estimator, counters), so the main run goes on as if no probe had run.
+
+        A run at a high LR or a large batch shows its progress only once its LR decays (Hägele
+        et al. 2024): the probe's accuracy predicts where the run ends, mid-run accuracy does
+        not. The probe's data order is its own stream (seed, 3, epochs_done), so the main run's
+        permutations are untouched. Returns ``probe_val_accuracy``, ``probe_val_loss`` (None if
+        the probe diverged), ``probe_steps``, ``probe_epochs`` (its length in epochs of the
+        stage) and ``probe_time_s``."""
+        spec = self._require()
+        schedule = spec.schedule
+        started = time.perf_counter()
+        stage_index = schedule.stage_index_at(epochs_done - 1)
+        batch = schedule.stages[stage_index].batch_size
+        n = self._data.num_train
+        per_epoch = schedule.steps_per_epoch(stage_index, n, drop_last=spec.drop_last)
+        steps = max(1, round(spec.probe_fraction * epochs_done * per_epoch))
+        generator = torch.Generator().manual_seed(_seed(spec.seed, 3, epochs_done))
+        per_perm = max(1, n // batch) if spec.drop_last else max(1, math.ceil(n / batch))
+        saved = self._snapshot()
+        val_loss: float | None = None
+        val_acc: float | None = None
+        try:
+            perm = torch.randperm(n, generator=generator).to(self.device)
+            k = j = 0
+            finite = True
+            while k < steps:
+                if j >= per_perm:
+                    perm = torch.randperm(n, generator=generator).to(self.device)
+                    j = 0
+                idx = perm[j * batch : min((j + 1) * batch, n)]
+                placement = self._placement(int(idx.numel()), weights)
+                outcome = self._train_step(idx, placement, lr * (1.0 - k / steps))
+                if outcome.oom:
+                    self._shrink_micro_batch(placement, stage_index)
+                    continue
+                if not outcome.finite:
+                    finite = False
+                    break
+                k += 1
+                j += 1
+            if finite:
+                val_loss, val_acc = self._evaluate()
+                if val_loss is None:
+                    val_acc = None
+        finally:
+            self._restore(saved)
+        return {
+            "probe_val_accuracy": val_acc,
+            "probe_val_loss": val_loss,
+            "probe_steps": steps,
+            "probe_epochs": steps / per_epoch,
+            "probe_time_s": time.perf_counter() - started,
+        }
+
+    def _snapshot(self) -> dict[str, Any]:
+        """This rank's whole trial state, in memory (for a probe to put back)."""
+        return {
+            "model": {k: v.detach().clone() for k, v in self._model.state_dict().items()},
+            "optimizer": copy.deepcopy(self._optimizer.state_dict()),
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device)
+            if self.device.type == "cuda"
+            else None,
+            "aug_rng": self._aug_generator.get_state(),
+            "noise": copy.deepcopy(self._noise.get_state()),
+        }
+
+    def _restore(self, saved: Mapping[str, Any]) -> None:
+        with torch.no_grad():
+            self._model.load_state_dict(saved["model"])
+        self._optimizer.load_state_dict(saved["optimizer"])
+        self._restore_grad_views()
+        self._flat.zero_()
+        torch.set_rng_state(saved["rng"])
+        if saved["cuda_rng"] is not None:
+            torch.cuda.set_rng_state(saved["cuda_rng"], self.device)
+        self._aug_generator.set_state(saved["aug_rng"])
+        self._noise.set_state(saved["noise"])
 
     # ------------------------------------------------------------------ throughput
 

@@ -39,7 +39,7 @@ from workers.gang import Gang, GangError
 from workers.loop import TrialSpec, TrialWorker
 from workers.tasks import Task
 
-__all__ = ["EXTRA_KEYS", "METRIC_KEYS", "ScheduleTrainable", "resource_request"]
+__all__ = ["EXTRA_KEYS", "METRIC_KEYS", "PROBE_KEYS", "ScheduleTrainable", "resource_request"]
 
 #: Keys of every per-epoch result (besides Tune's own auto-filled keys).
 METRIC_KEYS: tuple[str, ...] = (
@@ -68,6 +68,16 @@ EXTRA_KEYS: tuple[str, ...] = (
     "oom_retries",
     "local_batches",
     "speed_weights",
+)
+
+
+#: Keys of a cooldown probe's result (only in the results of the epochs it ran after).
+PROBE_KEYS: tuple[str, ...] = (
+    "probe_val_accuracy",
+    "probe_val_loss",
+    "probe_steps",
+    "probe_epochs",
+    "probe_time_s",
 )
 
 
@@ -146,6 +156,7 @@ class ScheduleTrainable(tune.Trainable):
         self._spec = spec
         self._epoch = 0
         self._finished = False
+        self._compute_epochs = 0.0
         gang = self._gang
         reusable = (
             gang is not None
@@ -208,6 +219,7 @@ class ScheduleTrainable(tune.Trainable):
             "version": 1,
             "epoch": self._epoch,
             "finished": self._finished,
+            "compute_epochs": self._compute_epochs,
             "ranks": states,
         }
 
@@ -225,6 +237,7 @@ class ScheduleTrainable(tune.Trainable):
         self._gang.call_each("load_state", [((state, shared), {}) for state in states])
         self._epoch = int(checkpoint["epoch"])
         self._finished = bool(checkpoint["finished"])
+        self._compute_epochs = float(checkpoint.get("compute_epochs", self._epoch))
 
     # ------------------------------------------------------------------ one epoch
 
@@ -249,6 +262,19 @@ class ScheduleTrainable(tune.Trainable):
                 metrics[key] = None
         self._epoch += 1
         done = bool(first["diverged"]) or self._epoch >= self._spec.schedule.total_epochs
+        # ``score`` ranks the run where it can be ranked: after a cooldown probe, the probe's
+        # accuracy; at the run's end, its own (the schedule's decay has run). Absent otherwise,
+        # so a scheduler comparing ``score`` decides only at those epochs.
+        self._compute_epochs += 1.0
+        metrics["score"] = None
+        if "probe_val_accuracy" in first:
+            for key in PROBE_KEYS:
+                metrics[key] = first[key]
+            self._compute_epochs += float(first["probe_epochs"])
+            metrics["score"] = first["probe_val_accuracy"]
+        elif done and not first["diverged"]:
+            metrics["score"] = metrics["val_accuracy"]
+        metrics["compute_epochs"] = self._compute_epochs
         self._finished = done
         metrics["done"] = done
         return metrics

@@ -16,7 +16,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.engine import RunStopper, TuningEngine, concurrency_for, unreadable_state
+from tuner.engine import (
+    RunStopper,
+    TuningEngine,
+    concurrency_for,
+    rung_epochs,
+    unreadable_state,
+)
 from tuner.engine_search import PriorTrial
 from tuner.objectives import StudyObjective
 from tuner.schedule import Schedule
@@ -50,6 +56,11 @@ def make_fake_trainable() -> type:
             self.schedule = Schedule.from_dict(config["schedule"])
             self.cfg = config
             self.number = config["stagetune"]["number"]
+            self.probe_at = tuple(config.get("probe_at", ()))
+            probe_log = config.get("fake_probe_log")
+            if probe_log:  # one line per trial: its number and the epochs it probes after
+                with open(probe_log, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps([self.number, list(self.probe_at)]) + "\n")
             self.steps = self.samples = self.epoch = 0
             self.wall = 0.0
             self.acc = 0.1
@@ -69,8 +80,11 @@ def make_fake_trainable() -> type:
             # Large batches early and LRs away from the scaling rule's learn slower.
             early = math.log2(st.batch_size / 32) * (1 - e / self.schedule.total_epochs)
             gain = 0.3 / (1 + 0.5 * abs(math.log(st.lr_multiplier)) + 0.3 * early)
-            if self.number in self.cfg.get("fake_bad_numbers", ()):
-                gain = 0.0  # a schedule that does not learn
+            if self.number in (
+                *self.cfg.get("fake_bad_numbers", ()),
+                *self.cfg.get("fake_late_bloomers", ()),
+            ):
+                gain = 0.0  # a schedule that does not learn (or not visibly, mid-run)
             self.acc += (1 - self.acc) * gain
             self.epoch += 1
             time.sleep(float(self.cfg.get("fake_delay_s", 0.02)))
@@ -78,7 +92,17 @@ def make_fake_trainable() -> type:
             if log:  # one line per trained epoch
                 with open(log, "a", encoding="utf-8") as fh:
                     fh.write(f"{self.number}\n")
+            done = self.epoch >= self.schedule.total_epochs
+            # The trainable's contract: ``score`` after a cooldown probe (a probe lifts the
+            # accuracy; a "late bloomer" looks bad mid-run but probes well) and at the end.
+            score: dict[str, float | None] = {"score": None}
+            if self.epoch in self.probe_at and not done:
+                late = self.number in self.cfg.get("fake_late_bloomers", ())
+                score["score"] = 0.99 if late else self.acc + (1 - self.acc) * 0.2
+            elif done:
+                score["score"] = self.acc
             return {
+                **score,
                 "epoch": e,
                 "val_accuracy": self.acc,
                 "val_loss": 1 - self.acc,
@@ -87,7 +111,7 @@ def make_fake_trainable() -> type:
                 "wall_time_s": self.wall,
                 "batch_size": st.batch_size,
                 "diverged": False,
-                "done": self.epoch >= self.schedule.total_epochs,
+                "done": done,
             }
 
     return FakeScheduleTrainable
@@ -208,6 +232,60 @@ def test_a_study_runs_baselines_first_then_tuned_trials_under_asha(
     assert all("vs_best" in b for b in summary["baselines"])
     assert result.best_schedule is not None
     assert result.best_schedule.total_epochs == 4
+
+
+def test_probe_epochs_are_the_rungs_of_ray_tunes_asha() -> None:
+    from ray.tune.schedulers import AsyncHyperBandScheduler
+
+    for grace, rf, max_t in [
+        (1, 2, 4),
+        (2, 3, 12),
+        (1, 3, 30),
+        (4, 2, 10),
+        (3, 4, 3),
+        (2, 2.5, 20),
+    ]:
+        asha = AsyncHyperBandScheduler(
+            time_attr="training_iteration",
+            metric="score",
+            mode="max",
+            max_t=max_t,
+            grace_period=grace,
+            reduction_factor=rf,
+            brackets=1,
+        )
+        milestones = {m for m, _ in asha._brackets[0]._rungs if m < max_t}
+        assert rung_epochs(grace, rf, max_t) == tuple(sorted(math.ceil(m) for m in milestones))
+    assert rung_epochs(2, 3, 12) == (2, 6)
+    assert rung_epochs(1, 2, 4) == (1, 2)
+
+
+@pytest.mark.parametrize("probes", [True, False], ids=["probes", "no-probes"])
+def test_asha_ranks_tuned_trials_by_their_cooldown_probes(
+    ray_session: None, tmp_path: Path, probes: bool
+) -> None:
+    """Trials 6 and 7 learn nothing visible mid-run but their probes say they will: ranked by
+    probes ASHA lets them finish; ranked by mid-run accuracy it stops them at the first rung."""
+    text = SPEC.replace(
+        "max_failures: 0}", f"max_failures: 0, cooldown_probes: {str(probes).lower()}}}"
+    )
+    eng = engine(
+        tmp_path,
+        text,
+        trial_config={"fake_late_bloomers": [6, 7], "fake_probe_log": str(tmp_path / "probes")},
+    )
+    assert eng.probe_epochs() == ((1, 2) if probes else ())
+    result = eng.run()
+    late = [o for o in result.outcomes if o.number in (6, 7)]
+    if probes:
+        assert [(o.status, o.epochs_done) for o in late] == [("completed", 4)] * 2
+    else:
+        assert [(o.status, o.epochs_done) for o in late] == [("stopped", 1)] * 2
+    issued = dict(json.loads(line) for line in (tmp_path / "probes").read_text().splitlines())
+    assert sorted(issued) == list(range(8))
+    for number, probe_at in issued.items():
+        # Baselines run to the end whatever ASHA sees: they are never probed.
+        assert probe_at == ([1, 2] if probes and number >= 3 else []), number
 
 
 # Ray Tune leaves a trial's result.json / progress.csv open when the whole experiment is

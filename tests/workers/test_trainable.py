@@ -16,7 +16,7 @@ import ray
 
 from tuner.schedule import Schedule, ScheduleError, Stage
 from workers.gang import WorkerDiedError
-from workers.trainable import ScheduleTrainable, resource_request
+from workers.trainable import PROBE_KEYS, ScheduleTrainable, resource_request
 
 #: Keys that measure time (they differ between otherwise identical runs).
 TIMING_KEYS = {
@@ -148,6 +148,54 @@ def test_checkpoint_restores_the_trial_exactly(
     resumed = [trainable.step(), trainable.step()]
     assert resumed[-1]["done"] is True
     assert comparable(resumed) == comparable(straight[1:])
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_cooldown_probes_score_the_run_and_leave_it_exactly_as_it_was(
+    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+) -> None:
+    """A probe after epochs 1 and 2 trains a branch with the LR annealed to zero and evaluates
+    it; the main run's metrics and weights are exactly those of the run without probes."""
+    schedule = Schedule(
+        stages=(Stage(0, 2, 32, lr_multiplier=4.0), Stage(2, 4, 128, warmup_epochs=0.5)),
+        base_lr=0.05,
+        base_batch_size=32,
+    )
+    config = trial_config(schedule, seed=5)
+    trainable = make_trainable(config)
+    plain = run_trial(trainable)
+    assert trainable._gang is not None
+    plain_weights = trainable._gang.call("parameters_digest")[0]
+
+    trainable.reset_config({**config, "probe_at": [1, 2, 4], "probe_fraction": 0.5})
+    probed = run_trial(trainable)
+    probed_weights = trainable._gang.call("parameters_digest")[0]
+    assert probed_weights == plain_weights
+    extra = {"score", "compute_epochs", *PROBE_KEYS}
+    assert [{k: v for k, v in r.items() if k not in extra} for r in comparable(probed)] == [
+        {k: v for k, v in r.items() if k not in extra} for r in comparable(plain)
+    ]
+
+    steps_per_epoch = 1079 // 32
+    compute = 0.0
+    for done, result in enumerate(probed, start=1):
+        compute += 1.0
+        if done in (1, 2):  # after the run's last epoch (4) no probe runs: its decay is real
+            assert result["probe_steps"] == round(0.5 * done * steps_per_epoch)
+            assert result["probe_epochs"] == pytest.approx(result["probe_steps"] / steps_per_epoch)
+            assert 0.0 <= result["probe_val_accuracy"] <= 1.0
+            assert math.isfinite(result["probe_val_loss"])
+            assert result["score"] == result["probe_val_accuracy"]
+            compute += result["probe_epochs"]
+        else:
+            assert not set(PROBE_KEYS) & set(result)
+            assert (result["score"] is not None) is (done == 4)
+        assert result["compute_epochs"] == pytest.approx(compute)
+    assert probed[-1]["score"] == probed[-1]["val_accuracy"]
+    # At 4x the base LR the raw accuracy after epoch 1 understates the run; the annealed
+    # branch shows where it is heading.
+    assert probed[0]["probe_val_loss"] < probed[0]["val_loss"]
 
 
 @pytest.mark.ray
