@@ -65,6 +65,7 @@ from tuner.baselines import Baseline, build_baselines
 from tuner.engine_search import LIVE_RUNS, LiveRun, PriorTrial, ScheduleSearcher, TrialMeta
 from tuner.errors import StagetuneError, ValidationError
 from tuner.objectives import StudyObjective, TrialOutcome, summarize, trial_status
+from tuner.prefixes import PrefixStore
 from tuner.schedule import Schedule
 from tuner.space import ScheduleSpace, check_feasible, constraint_violations
 from tuner.spec import AccuracyObjective, ResolvedSpec
@@ -334,6 +335,7 @@ def outcome_of(
     compute = num("compute_epochs")
     if compute is None and isinstance(done, int):
         compute = float(done)
+    forked = num("forked_epochs")
     return TrialOutcome(
         number=meta.number,
         baseline=meta.baseline,
@@ -352,6 +354,7 @@ def outcome_of(
             "params": meta.params,
             "optuna_trial": meta.optuna_trial,
             "compute_epochs": compute,
+            "forked_epochs": int(forked or 0),
         },
     )
 
@@ -581,6 +584,12 @@ class TuningEngine:
         return self.storage_path / self.experiment_name
 
     @property
+    def prefix_store_path(self) -> Path:
+        """Where trials save their stage-boundary states for forks (beside the experiment
+        directory, so a set-aside experiment keeps its prefixes usable)."""
+        return self.storage_path / f"{self.experiment_name}.prefixes"
+
+    @property
     def budget(self) -> int:
         return self.resolved.spec.budget.trials
 
@@ -613,6 +622,9 @@ class TuningEngine:
                 "probe_at": list(self.probe_epochs()),
                 "probe_fraction": spec.budget.probe_fraction,
             }
+        if spec.budget.prefix_store_mb > 0:
+            probes["prefix_store"] = str(self.prefix_store_path)
+            probes["prefix_store_bytes"] = spec.budget.prefix_store_mb * 2**20
         return {
             **probes,
             "task": spec.task,
@@ -653,6 +665,15 @@ class TuningEngine:
         )
         return min(fits, spec_limit) if spec_limit else fits
 
+    def prefix_store(self) -> PrefixStore | None:
+        """The study's store of stage-boundary states (``None`` when forks are off)."""
+        mb = self.resolved.spec.budget.prefix_store_mb
+        return PrefixStore(self.prefix_store_path, mb * 2**20) if mb > 0 else None
+
+    def _prefix_summary(self, outcomes: Sequence[TrialOutcome]) -> dict[str, Any] | None:
+        """Disk the prefix states take and what forks saved (``None`` when forks are off)."""
+        return _prefix_summary_of(self.prefix_store(), outcomes)
+
     def make_searcher(self) -> ScheduleSearcher:
         spec = self.resolved.spec
         return ScheduleSearcher(
@@ -668,6 +689,7 @@ class TuningEngine:
             budget=self.budget,
             live_key=self.live_key,
             prior=self.prior_trials,
+            prefix_reuse=spec.budget.prefix_reuse if spec.budget.prefix_store_mb > 0 else 0.0,
         )
 
     @property
@@ -814,6 +836,7 @@ class TuningEngine:
                 }
                 if self.probes
                 else None,
+                "prefixes": self._prefix_summary(outcomes),
                 # Trial-epochs this run trained, cooldown probes included (trials the database
                 # held as finished before a take-over count their epochs).
                 "compute_epochs": round(
@@ -832,6 +855,22 @@ class TuningEngine:
             experiment_path=str(self.experiment_path),
             baselines=self.baselines,
         )
+
+
+def _prefix_summary_of(
+    store: PrefixStore | None, outcomes: Sequence[TrialOutcome]
+) -> dict[str, Any] | None:
+    if store is None:
+        return None
+    usage = store.usage()
+    forked = [int(o.extra.get("forked_epochs") or 0) for o in outcomes]
+    return {
+        "states": usage.states,
+        "bytes": usage.bytes,
+        "max_bytes": store.max_bytes,
+        "forks": sum(1 for f in forked if f > 0),
+        "epochs_reused": sum(forked),
+    }
 
 
 def _fit(tuner: tune.Tuner) -> tune.ResultGrid:

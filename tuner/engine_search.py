@@ -20,6 +20,14 @@ is trained. :class:`ScheduleSearcher` drives Optuna's ask/tell interface itself:
 * per-epoch accuracy is reported as Optuna intermediate values (single objective), and a
   trial that ended early (ASHA, cancel) is told ``PRUNED`` (TPE ranks pruned trials by how
   far they got and their last value); a failed trial is told ``FAIL``;
+* **prefix reuse** (``prefix_reuse`` > 0, single objective): after the startup trials, that
+  share of tuned trials keeps the first stages of one of the best trials so far (ranked by
+  the furthest rung it reached, then its ``score`` there) and lets the sampler choose the rest:
+  the parent's ``n_stages`` and its parameters of those stages are enqueued as fixed
+  parameters (``Study.enqueue_trial``), so the sampler conditions the remaining stages on
+  everything it has seen. The trainable forks such a trial from the parent's stage-boundary
+  state instead of training the prefix again (:mod:`tuner.prefixes`); the Optuna trial
+  carries ``stagetune_parent`` and ``stagetune_prefix_stages`` user attributes;
 * every tuned trial's stagetune number and schedule are Optuna user attributes. After an
   interrupted run is restored, Optuna trials that are still ``RUNNING`` but unknown to Tune's
   restored state (suggested after its last checkpoint) are suggested again first, with the
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import random
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -235,8 +244,14 @@ class ScheduleSearcher(Searcher):
         budget: int | None = None,
         live_key: str | None = None,
         prior: Sequence[PriorTrial] = (),
+        prefix_reuse: float = 0.0,
     ) -> None:
         super().__init__(metric=None, mode=None)
+        if not 0.0 <= prefix_reuse < 1.0:
+            raise ValueError(f"prefix_reuse must be in [0, 1), not {prefix_reuse}")
+        self._prefix_reuse = 0.0 if objective.is_multi else prefix_reuse
+        # trial id -> (furthest epoch reported, latest non-null score, the epoch of that score)
+        self._progress: dict[str, tuple[int, float | None, int]] = {}
         self._budget = budget
         self._live_key = live_key
         self._prior = tuple(prior)  # used when no live run is registered (tests)
@@ -330,7 +345,7 @@ class ScheduleSearcher(Searcher):
         if number < len(self._baselines):
             name, schedule_dict = self._baselines[number]
             return self._issue(trial_id, TrialMeta(number, name, {}), schedule_dict)
-        schedule, trial = self._draw()
+        schedule, trial = self._draw(number)
         params = dict(trial.params)
         # The storage id lets later reports address the trial without a live Trial object.
         meta = TrialMeta(number, None, params, trial.number, trial._trial_id)
@@ -376,9 +391,11 @@ class ScheduleSearcher(Searcher):
             config["probe_at"] = []  # baselines run to the end whatever ASHA sees: no probes
         return config
 
-    def _draw(self) -> tuple[Schedule, optuna.Trial]:
+    def _draw(self, number: int) -> tuple[Schedule, optuna.Trial]:
         study = self.study
-        for _ in range(MAX_DRAWS):
+        for attempt in range(MAX_DRAWS):
+            if attempt < 3:
+                self._enqueue_prefix(number, attempt)
             trial = study.ask()
             schedule = self._space.sample(trial)
             violations = constraint_violations(schedule, self._objective.spec, self._train_size)
@@ -394,7 +411,61 @@ class ScheduleSearcher(Searcher):
             "towards schedules that meet it, or relax the constraint"
         )
 
+    # ------------------------------------------------------------------ prefix reuse
+
+    def _parents(self) -> list[tuple[TrialMeta, int]]:
+        """The best tuned trials so far with the epochs they reached, best first: ranked by
+        the epoch of their latest score (the furthest rung, or the end), then by that score."""
+        ranked = []
+        for trial_id, (reached, score, at) in self._progress.items():
+            meta = self._trials.get(trial_id)
+            if meta is None or meta.baseline is not None or score is None:
+                continue
+            if self._space.stages_max < 2 or int(meta.params.get("n_stages", 2)) < 2:
+                continue  # a one-stage schedule has no prefix to share
+            ranked.append((at, score, meta, reached))
+        ranked.sort(key=lambda r: (r[0], r[1], -r[2].number), reverse=True)
+        return [(meta, reached) for _, _, meta, reached in ranked[:3]]
+
+    def _enqueue_prefix(self, number: int, attempt: int) -> None:
+        """With probability ``prefix_reuse`` (past the startup trials), enqueue a trial that
+        keeps the first stages of a good trial so far (see the module docstring)."""
+        if self._prefix_reuse <= 0.0:
+            return
+        tuned = sum(1 for m in self._trials.values() if m.baseline is None)
+        if tuned < self._startup_trials:
+            return
+        rng = random.Random(f"{self._seed}-{number}-{attempt}")
+        if rng.random() >= self._prefix_reuse:
+            return
+        parents = self._parents()
+        if not parents:
+            return
+        parent, reached = parents[rng.randrange(len(parents))]
+        schedule = self._space.sample(optuna.trial.FixedTrial(parent.params))
+        ends = [k for k, st in enumerate(schedule.stages[:-1], start=1) if st.end_epoch <= reached]
+        if not ends:
+            return
+        stages = rng.choice(ends)
+        fixed = {
+            name: value
+            for name, value in parent.params.items()
+            if name in ("n_stages", "label_smoothing")
+            or (name.rsplit("_", 1)[-1].isdigit() and int(name.rsplit("_", 1)[-1]) < stages)
+        }
+        self.study.enqueue_trial(
+            fixed,
+            user_attrs={"stagetune_parent": parent.number, "stagetune_prefix_stages": stages},
+        )
+
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        step = result.get("training_iteration")
+        if isinstance(step, int):
+            reached, score, at = self._progress.get(trial_id, (0, None, 0))
+            value = result.get("score")
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                score, at = float(value), step
+            self._progress[trial_id] = (max(reached, step), score, at)
         meta = self._trials.get(trial_id)
         if meta is None or meta.optuna_trial_id is None or self._objective.is_multi:
             return
@@ -472,6 +543,7 @@ class ScheduleSearcher(Searcher):
             "trials": {k: v.to_dict() for k, v in self._trials.items()},
             "finished": sorted(self._finished),
             "reported": dict(self._reported),
+            "progress": {k: list(v) for k, v in self._progress.items()},
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -482,6 +554,10 @@ class ScheduleSearcher(Searcher):
         }
         self._finished = set(state["finished"])
         self._reported = dict(state["reported"])
+        self._progress = {
+            k: (int(v[0]), None if v[1] is None else float(v[1]), int(v[2]))
+            for k, v in state.get("progress", {}).items()
+        }
         self._plan = None  # plan the remaining numbers again before the next suggestion
         self._study = None
 

@@ -376,6 +376,23 @@ class Budget(_Model):
         allow_inf_nan=False,
         description="A probe's length as a fraction of the epochs the trial has trained.",
     )
+    prefix_reuse: float = Field(
+        default=0.5,
+        ge=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="Share of tuned trials (after the startup ones) that keep the first "
+        "stages of one of the best trials so far and let the sampler choose the rest; they "
+        "fork from its stage-boundary state instead of training those stages again.",
+    )
+    prefix_store_mb: int = Field(
+        strict=True,
+        default=2048,
+        ge=0,
+        le=1_048_576,
+        description="Disk for the trial states saved at stage boundaries (forks start from "
+        "them; least recently used go first); 0: save none, every trial trains its whole run.",
+    )
     max_failures: int = Field(
         strict=True,
         default=1,

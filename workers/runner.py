@@ -179,6 +179,7 @@ def run_study(
             prior_trials=prior,
         )
         result = engine.run()
+        prefixes = engine.prefix_store()
     except KeyboardInterrupt:
         if worker_id is not None:
             try:
@@ -189,7 +190,12 @@ def run_study(
     except Exception as exc:
         _fail(store, study_id, worker_id, exc)
         raise
-    return _finish(store, study_id, worker_id, result)
+    finished = _finish(store, study_id, worker_id, result)
+    if prefixes is not None and finished.status is not StudyStatus.QUEUED:
+        # The stage-boundary states serve forks and take-overs while the study runs; an
+        # ended study needs none (its trials' results are in the database).
+        prefixes.clear()
+    return finished
 
 
 def _prior_trials(

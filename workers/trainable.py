@@ -26,7 +26,9 @@ Outside Tune the class works as a plain object (``ScheduleTrainable(config)``; `
 from __future__ import annotations
 
 import functools
+import logging
 import math
+import pickle
 import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -35,6 +37,7 @@ from ray import tune
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from tuner.errors import StagetuneError, ValidationError
+from tuner.prefixes import PrefixStore, boundaries, prefix_key
 from workers.gang import Gang, GangError
 from workers.loop import TrialSpec, TrialWorker
 from workers.tasks import Task
@@ -70,6 +73,12 @@ EXTRA_KEYS: tuple[str, ...] = (
     "speed_weights",
 )
 
+
+log = logging.getLogger(__name__)
+
+#: Keys a trial adds to each result about itself, not the schedule (left out of what a
+#: boundary state records for forks to re-report).
+_OWN_KEYS: frozenset[str] = frozenset({"done", "compute_epochs", "forked_epochs", "replayed"})
 
 #: Keys of a cooldown probe's result (only in the results of the epochs it ran after).
 PROBE_KEYS: tuple[str, ...] = (
@@ -157,6 +166,10 @@ class ScheduleTrainable(tune.Trainable):
         self._epoch = 0
         self._finished = False
         self._compute_epochs = 0.0
+        self._config = dict(config)
+        self._history: list[dict[str, Any]] = []  # this trial's results, for boundary states
+        self._replay: list[dict[str, Any]] = []  # a fork's prefix results, to report again
+        self._forked_epochs = 0
         gang = self._gang
         reusable = (
             gang is not None
@@ -172,6 +185,9 @@ class ScheduleTrainable(tune.Trainable):
             self._gang = self._new_gang(spec)
         assert self._gang is not None
         self.worker_info: list[dict[str, Any]] = self._gang.call("configure", dict(config))
+        store = self._prefix_store()
+        if store is not None:
+            self._fork(store)
         self.setup_time_s = time.perf_counter() - started
 
     def _new_gang(self, spec: TrialSpec) -> Gang:
@@ -204,6 +220,62 @@ class ScheduleTrainable(tune.Trainable):
         self.gangs_created += 1
         return gang
 
+    # ------------------------------------------------------------------ shared prefixes
+
+    def _prefix_store(self) -> PrefixStore | None:
+        path = self._config.get("prefix_store")
+        if not path:
+            return None
+        bound = self._config.get("prefix_store_bytes")
+        return PrefixStore(str(path), int(bound) if bound else None)
+
+    def _fork(self, store: PrefixStore) -> None:
+        """Start from the longest prefix of the schedule that some trial saved: load its state
+        into the workers and queue its per-epoch results to be reported again."""
+        assert self._gang is not None
+        schedule = self._spec.schedule
+        for stages, epoch in reversed(boundaries(schedule)):
+            blob = store.get(prefix_key(schedule, stages, self._config))
+            if blob is None:
+                continue
+            try:
+                saved = pickle.loads(blob)
+                ranks, results = saved["ranks"], list(saved["results"])
+                if saved.get("version") != 1 or len(results) != epoch:
+                    raise ValueError("not a version 1 prefix state of this boundary")
+            except Exception as exc:  # an unreadable state is a miss, not a failed trial
+                log.warning("ignoring the unreadable prefix state at epoch %s: %s", epoch, exc)
+                continue
+            self._gang.call_each("load_state", [((state, ranks[0]), {}) for state in ranks])
+            self._replay = results
+            self._forked_epochs = epoch
+            return
+
+    def _save_prefix(self, store: PrefixStore) -> None:
+        """At a stage boundary (not the run's end): save the state for later forks."""
+        assert self._gang is not None
+        schedule = self._spec.schedule
+        for stages, epoch in boundaries(schedule):
+            if epoch != self._epoch:
+                continue
+            key = prefix_key(schedule, stages, self._config)
+            if store.has(key):
+                return
+            blob = pickle.dumps(
+                {
+                    "version": 1,
+                    "epoch": epoch,
+                    "ranks": self._gang.call("state"),
+                    "results": self._history[:epoch],
+                },
+                protocol=pickle.HIGHEST_PROTOCOL,
+            )
+            try:
+                store.put(key, blob)
+            except OSError as exc:  # a full disk costs later forks, not this trial
+                log.warning("could not save the prefix state at epoch %s: %s", epoch, exc)
+            return
+
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
@@ -220,6 +292,9 @@ class ScheduleTrainable(tune.Trainable):
             "epoch": self._epoch,
             "finished": self._finished,
             "compute_epochs": self._compute_epochs,
+            "history": self._history,
+            "replay": self._replay,
+            "forked_epochs": self._forked_epochs,
             "ranks": states,
         }
 
@@ -238,6 +313,9 @@ class ScheduleTrainable(tune.Trainable):
         self._epoch = int(checkpoint["epoch"])
         self._finished = bool(checkpoint["finished"])
         self._compute_epochs = float(checkpoint.get("compute_epochs", self._epoch))
+        self._history = list(checkpoint.get("history", []))
+        self._replay = list(checkpoint.get("replay", []))
+        self._forked_epochs = int(checkpoint.get("forked_epochs", 0))
 
     # ------------------------------------------------------------------ one epoch
 
@@ -246,6 +324,18 @@ class ScheduleTrainable(tune.Trainable):
             raise GangError("no worker gang: the trainable was stopped")
         if self._finished:
             raise StagetuneError("the trial has finished; start a new one with reset_config()")
+        if self._replay:
+            # A forked trial's prefix: the results recorded when it was trained, as they were.
+            replayed = dict(self._replay.pop(0))
+            self._history.append(dict(replayed))
+            self._epoch += 1
+            replayed.update(
+                compute_epochs=self._compute_epochs,
+                forked_epochs=self._forked_epochs,
+                replayed=True,
+                done=False,  # a prefix ends at a stage boundary, before the run's end
+            )
+            return replayed
         started = time.perf_counter()
         results = self._gang.call("train_epoch", self._epoch)
         loop_time = time.perf_counter() - started
@@ -274,7 +364,13 @@ class ScheduleTrainable(tune.Trainable):
             metrics["score"] = first["probe_val_accuracy"]
         elif done and not first["diverged"]:
             metrics["score"] = metrics["val_accuracy"]
+        self._history.append({k: v for k, v in metrics.items() if k not in _OWN_KEYS})
+        store = self._prefix_store()
+        if store is not None and not done:
+            self._save_prefix(store)
         metrics["compute_epochs"] = self._compute_epochs
+        metrics["forked_epochs"] = self._forked_epochs
+        metrics["replayed"] = False
         self._finished = done
         metrics["done"] = done
         return metrics

@@ -105,14 +105,14 @@ def test_tuning_efficiency_smoke(
     fields = _fields(line, "efficiency")
     assert set(fields) == {"task", "default", "ratio_vs_random", "ratio_vs_tpe_asha"}
     assert fields["task"] == "digits"
-    assert fields["default"] == "tpe_asha_probes"
+    assert fields["default"] == "tpe+probes+prefixes"
     assert float(fields["ratio_vs_random"]) > 0
     assert float(fields["ratio_vs_tpe_asha"]) > 0
 
     saved = json.loads((tmp_path / "tuning_efficiency_smoke.json").read_text())
     assert saved["summary_line"] == line
     assert {"config", "best_known", "threshold", "methods", "ratio", "studies"} <= set(saved)
-    methods = ["tpe_asha_probes", "tpe_asha", "random"]
+    methods = ["default", "tpe_asha_probes", "tpe_asha", "random"]
     assert list(saved["methods"]) == methods
     assert [s["method"] for s in saved["studies"]] == methods
     for study in saved["studies"]:
@@ -121,7 +121,7 @@ def test_tuning_efficiency_smoke(
         assert spent[-1] == study["trial_epochs_total"]
     # The cooldown probes (after epoch 1 of 2, ASHA's rung) are counted as compute; the
     # searches without probes spend exactly the epochs they train.
-    probed, plain, random_study = saved["studies"]
+    _, probed, plain, random_study = saved["studies"]
     assert any(t["compute_epochs"] > t["epochs_done"] for t in probed["trials"])
     assert plain["trial_epochs_total"] == sum(t["epochs_done"] for t in plain["trials"])
     # Random search without early stopping trains every trial for all its epochs.

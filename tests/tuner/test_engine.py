@@ -288,6 +288,43 @@ def test_asha_ranks_tuned_trials_by_their_cooldown_probes(
         assert probe_at == ([1, 2] if probes and number >= 3 else []), number
 
 
+def test_tuned_trials_extend_the_first_stages_of_the_best_trials_so_far(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """With prefix reuse, trials past the startup ones keep the first stages of a good trial
+    (its parameters enqueued as fixed in Optuna) and the sampler draws the rest."""
+    text = """
+task: digits
+schedule: {total_epochs: 6}
+space: {stages: {min: 2, max: 3}, batch_size: {min: 32, max: 512}}
+budget: {trials: 14, grace_period_epochs: 1, reduction_factor: 2, max_failures: 0,
+         startup_trials: 3, prefix_reuse: 0.8}
+"""
+    result = engine(tmp_path, text).run()
+    assert len(result.outcomes) == 14
+    study = optuna.load_study(study_name="study-1", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    by_number = {t.user_attrs["stagetune_number"]: t for t in study.trials}
+    children = [t for t in study.trials if "stagetune_parent" in t.user_attrs]
+    assert len(children) >= 3, [t.user_attrs for t in study.trials]
+    for child in children:
+        parent = by_number[child.user_attrs["stagetune_parent"]]
+        stages = child.user_attrs["stagetune_prefix_stages"]
+        mine = Schedule.from_dict(child.user_attrs["stagetune_schedule"]).stages
+        theirs = Schedule.from_dict(parent.user_attrs["stagetune_schedule"]).stages
+        assert 1 <= stages < len(theirs)
+        assert mine[:stages] == theirs[:stages]
+        assert parent.user_attrs["stagetune_number"] < child.user_attrs["stagetune_number"]
+    # The sampler still draws whole schedules too.
+    assert len(children) < 11
+    assert result.summary["prefixes"] == {
+        "states": 0,  # the simulated trainable saves no states
+        "bytes": 0,
+        "max_bytes": 2048 * 2**20,
+        "forks": 0,
+        "epochs_reused": 0,
+    }
+
+
 # Ray Tune leaves a trial's result.json / progress.csv open when the whole experiment is
 # stopped (Ray's own leak, a ResourceWarning, sometimes raised only at garbage collection).
 RAY_RESULT_FILE_LEAK = [

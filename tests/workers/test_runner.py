@@ -48,11 +48,20 @@ budget: {trials: 6, grace_period_epochs: 2, reduction_factor: 2}
 resources: {workers: 1, cpus_per_worker: 1}
 """
 
+#: Two stages each and one trial at a time, so that trials after the startup ones have a
+#: finished parent whose first stage they can extend (and fork from).
+SPEC_WITH_FORKS = SPEC.replace("stages: {min: 1, max: 2}", "stages: {min: 2, max: 2}").replace(
+    "budget: {trials: 6, grace_period_epochs: 2, reduction_factor: 2}",
+    "budget: {trials: 8, grace_period_epochs: 2, reduction_factor: 2, startup_trials: 2,\n"
+    "         prefix_reuse: 0.9, max_concurrent: 1}",
+)
+
 
 def test_a_small_digits_study_end_to_end(
     ray_session: None, sqlite_url: str, tmp_path: Path
 ) -> None:
-    spec = StudySpec.from_yaml(SPEC)
+    spec = StudySpec.from_yaml(SPEC_WITH_FORKS)
+    assert spec.budget.trials == 8
     out = tmp_path / "best.yaml"
     result = tune_spec(spec, sqlite_url, out, storage_path=tmp_path / "ray", quiet=True)
 
@@ -61,7 +70,7 @@ def test_a_small_digits_study_end_to_end(
     assert study.status is StudyStatus.COMPLETED
     trials = store.list_trials(study.id).items
     # Every trial of the budget, numbered densely, persisted with its per-epoch metrics.
-    assert [t.number for t in trials] == list(range(6))
+    assert [t.number for t in trials] == list(range(8))
     assert all(t.status is not TrialStatus.RUNNING for t in trials)
     for trial in trials:
         curve = store.trial_metrics(trial.id)
@@ -111,7 +120,42 @@ def test_a_small_digits_study_end_to_end(
 
     # The Optuna study lives in the same database (tuned trials only).
     ot = optuna.load_study(study_name=optuna_study_name(study.id), storage=sqlite_url)
-    assert sorted(t.user_attrs["stagetune_number"] for t in ot.trials) == [3, 4, 5]
+    assert sorted(t.user_attrs["stagetune_number"] for t in ot.trials) == [3, 4, 5, 6, 7]
+
+    # Tuned trials after the first two extend good trials' first stage, and fork from the
+    # state their parent saved at that boundary: the prefix's epochs are reported again, as
+    # recorded, and not trained again. (Smith's baseline forks from the small-batch one too:
+    # they share their first stage.)
+    prefixes = summary["prefixes"]
+    assert prefixes["forks"] >= 2, summary
+    smith = store.trial_metrics(baselines[2].id)
+    assert (
+        smith[0].extra["forked_epochs"]
+        == Schedule.from_dict(baselines[2].schedule).stages[0].end_epoch
+    )
+    forked = 1
+    by_number = {t.number: t for t in trials}
+    for child in ot.trials:
+        if "stagetune_parent" not in child.user_attrs:
+            continue
+        record = by_number[child.user_attrs["stagetune_number"]]
+        parent = by_number[child.user_attrs["stagetune_parent"]]
+        curve = store.trial_metrics(record.id)
+        reused = curve[0].extra["forked_epochs"]
+        if not reused:
+            continue  # started before its parent reached the boundary
+        forked += 1
+        assert reused == Schedule.from_dict(record.schedule).stages[0].end_epoch
+        before = store.trial_metrics(parent.id)[:reused]
+        assert [m.val_accuracy for m in curve[:reused]] == [m.val_accuracy for m in before]
+        assert [m.extra["replayed"] for m in curve] == [
+            e < reused for e in range(record.epochs_done)
+        ]
+        assert curve[-1].extra["compute_epochs"] <= record.epochs_done - reused + 1
+    assert forked == prefixes["forks"]
+    assert prefixes["epochs_reused"] >= forked
+    # The boundary states are deleted with the study's end.
+    assert not list((tmp_path / "ray").glob("*.prefixes"))
 
 
 CHILD = """

@@ -27,6 +27,7 @@ TIMING_KEYS = {
     "loop_time_s",
     "worker_compute_s",
     "worker_pids",
+    "probe_time_s",
 }
 
 
@@ -196,6 +197,58 @@ def test_cooldown_probes_score_the_run_and_leave_it_exactly_as_it_was(
     # At 4x the base LR the raw accuracy after epoch 1 understates the run; the annealed
     # branch shows where it is heading.
     assert probed[0]["probe_val_loss"] < probed[0]["val_loss"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_fork_from_a_shared_prefix_reports_exactly_the_straight_run(
+    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+    tmp_path: Path,
+) -> None:
+    """Trial A saves its state at its stage boundary (epoch 2); trial B, whose schedule starts
+    with the same stage, forks from it: it trains only its own 3 epochs, and every result and
+    the final weights are those of B trained in one go."""
+    first = Stage(0, 2, 32, lr_multiplier=2.0, warmup_epochs=0.5)
+    a = Schedule(stages=(first, Stage(2, 4, 64)), base_lr=0.05, base_batch_size=32)
+    b = Schedule(
+        stages=(first, Stage(2, 5, 128, warmup_epochs=1.0, decay="cosine")),
+        base_lr=0.05,
+        base_batch_size=32,
+    )
+    probes: dict[str, Any] = {"probe_at": [1, 3], "probe_fraction": 0.25}
+    store: dict[str, Any] = {
+        "prefix_store": str(tmp_path / "prefixes"),
+        "prefix_store_bytes": 10**8,
+    }
+    trainable = make_trainable(trial_config(b, seed=9, **probes))
+    straight = run_trial(trainable)
+    assert trainable._gang is not None
+    straight_weights = trainable._gang.call("parameters_digest")[0]
+    assert [r["forked_epochs"] for r in straight] == [0] * 5
+
+    trainable.reset_config(trial_config(a, seed=9, **probes, **store))
+    run_trial(trainable)
+    assert len(list((tmp_path / "prefixes").glob("*.state"))) == 1
+
+    trainable.reset_config(trial_config(b, seed=9, **probes, **store))
+    forked = run_trial(trainable)
+    assert trainable._gang.call("parameters_digest")[0] == straight_weights
+    own = {"compute_epochs", "forked_epochs", "replayed"}
+    assert [{k: v for k, v in r.items() if k not in own} for r in comparable(forked)] == [
+        {k: v for k, v in r.items() if k not in own} for r in comparable(straight)
+    ]
+    assert [r["replayed"] for r in forked] == [True, True, False, False, False]
+    assert [r["forked_epochs"] for r in forked] == [2] * 5
+    # Compute: the 3 epochs B trained itself and its probe after epoch 3 (the probe after
+    # epoch 1 belongs to the prefix it forked).
+    assert forked[-1]["compute_epochs"] == pytest.approx(3 + straight[2]["probe_epochs"])
+    assert straight[-1]["compute_epochs"] == pytest.approx(
+        5 + straight[0]["probe_epochs"] + straight[2]["probe_epochs"]
+    )
+
+    # Another seed is another prefix: no fork.
+    trainable.reset_config(trial_config(b, seed=10, **probes, **store))
+    assert trainable.step()["replayed"] is False
 
 
 @pytest.mark.ray
