@@ -265,6 +265,63 @@ def run_perf_split(epochs: int, slowdown: float) -> dict[str, Any]:
     return out
 
 
+def run_fork_cost(tasks: list[str], workdir: str) -> list[dict[str, Any]]:
+    """What a fork costs on each task's model (2 gloo workers): saving the whole trial state
+    at a stage boundary (every rank's state, pickled, written to the prefix store) and
+    loading it into the next trial's workers. ``cifar10`` runs on synthetic CIFAR-size files
+    (its ResNet-20 is the largest built-in CPU model)."""
+    from tuner.schedule import Schedule, Stage
+    from workers.trainable import ScheduleTrainable
+
+    def config(task: str, options: dict[str, Any], store: str, second: int) -> dict[str, Any]:
+        schedule = Schedule(
+            stages=(Stage(0, 1, 64), Stage(1, 2, second)), base_lr=0.05, base_batch_size=64
+        )
+        return {
+            "schedule": schedule.to_dict(),
+            "task": task,
+            "task_options": options,
+            "seed": 0,
+            "workers": 2,
+            "prefix_store": store,
+        }
+
+    rows: list[dict[str, Any]] = []
+    for task in tasks:
+        options: dict[str, Any] = {}
+        if task == "cifar10":
+            options = {"data_dir": "cifar-fork", "max_train_samples": 512, "num_val_samples": 64}
+        store = Path(workdir) / f"prefixes-{task}"
+        saves: list[float] = []
+        loads: list[float] = []
+        trainable = ScheduleTrainable(config(task, options, str(store), 128))
+        try:
+            for _ in range(3):  # the first round pays for imports and data loading
+                for state in store.glob("*.state"):
+                    state.unlink()
+                trainable.reset_config(config(task, options, str(store), 128))
+                trainable.step()  # epoch 1 ends at the stage boundary: the state is saved
+                assert trainable.prefix_save_s is not None
+                saves.append(trainable.prefix_save_s)
+                trainable.reset_config(config(task, options, str(store), 256))  # forks
+                assert trainable.fork_load_s is not None
+                loads.append(trainable.fork_load_s)
+            size = sum(p.stat().st_size for p in store.glob("*.state"))
+        finally:
+            trainable.stop()
+        row = {
+            "task": task,
+            "state_bytes": size,
+            "save_s": saves,
+            "load_s": loads,
+            "save_median_s": statistics.median(saves[1:]),
+            "load_median_s": statistics.median(loads[1:]),
+        }
+        row["fork_s"] = row["save_median_s"] + row["load_median_s"]
+        rows.append(row)
+    return rows
+
+
 # ------------------------------------------------------------------------------------------
 # reporting
 
@@ -325,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--slowdown", type=float, default=4.0, help="rank 1's slowdown factor")
     parser.add_argument(
+        "--fork-tasks",
+        default="digits,mnist1d,synthetic,cifar10",
+        help="tasks whose fork cost (save + load of a stage-boundary state) is measured",
+    )
+    parser.add_argument(
         "--results-dir",
         type=Path,
         default=None,
@@ -334,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.trials, args.epochs = 2, 1
+        args.fork_tasks = "digits"
     results_dir: Path | None = args.results_dir
     if results_dir is None and not args.smoke:
         results_dir = RESULTS_DIR
@@ -343,12 +406,20 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     machine = _machine()
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    fork_tasks = [t for t in args.fork_tasks.split(",") if t]
     with tempfile.TemporaryDirectory(prefix="stagetune-bench-") as storage:
+        if "cifar10" in fork_tasks:
+            # Worker processes inherit the datasets root from the driver's environment.
+            from workers.tasks.cifar10 import write_synthetic_cifar10
+
+            os.environ["STAGETUNE_DATASETS_DIR"] = storage
+            write_synthetic_cifar10(Path(storage) / "cifar-fork", num_train=1024, num_test=64)
+        ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
         try:
             reuse = run_reuse(args.task, args.epochs, args.trials, storage)
             base = run_torchtrainer(args.task, args.epochs, args.trials, storage)
             perf = run_perf_split(max(args.epochs, 3), args.slowdown) if args.perf_split else None
+            forks = run_fork_cost(fork_tasks, storage)
         finally:
             ray.shutdown()
     machine["load_average_at_end"] = list(os.getloadavg())
@@ -368,8 +439,22 @@ def main(argv: list[str] | None = None) -> int:
             f"(speed-up {perf['speedup']:.2f}x); local batches "
             f"{perf['aware']['local_batches']}"
         )
+    fork_table = "\n".join(
+        [
+            "| task | state MB | save s (median) | load s (median) | fork s |",
+            "|---|---:|---:|---:|---:|",
+            *(
+                f"| {f['task']} | {f['state_bytes'] / 2**20:.2f} | {f['save_median_s']:.3f} "
+                f"| {f['load_median_s']:.3f} | {f['fork_s']:.3f} |"
+                for f in forks
+            ),
+        ]
+    )
+    print(fork_table)
+    fork_max = max(f["fork_s"] for f in forks)
     summary = (
         f"overhead_per_trial_s={overhead:.3f} baseline_per_trial_s={baseline:.3f} ratio={ratio:.1f}"
+        f" fork_s_max={fork_max:.3f}"
     )
     if results_dir is not None:
         results_dir.mkdir(parents=True, exist_ok=True)
@@ -384,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
             "baseline_per_trial_s": baseline,
             "ratio": ratio,
             "perf_split": perf,
+            "forks": forks,
+            "fork_s_max": fork_max,
         }
         (results_dir / "trial_overhead.json").write_text(json.dumps(payload, indent=2) + "\n")
         md = [
@@ -413,6 +500,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{perf['aware']['local_batches']}.",
                 "",
             ]
+        md += [
+            "Fork cost (target < 0.2 s): saving a trial's whole state at a stage boundary "
+            "(every rank's model, optimizer, RNGs and counters, pickled into the prefix store) "
+            "and loading it into the next trial's 2 workers; medians of 2 rounds after a "
+            "warm-up round. cifar10 is ResNet-20 on synthetic CIFAR-size files.",
+            "",
+            fork_table,
+            "",
+        ]
         md += ["```", summary, "```", ""]
         (results_dir / "trial_overhead.md").write_text("\n".join(md))
     print(summary)

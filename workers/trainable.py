@@ -170,6 +170,9 @@ class ScheduleTrainable(tune.Trainable):
         self._history: list[dict[str, Any]] = []  # this trial's results, for boundary states
         self._replay: list[dict[str, Any]] = []  # a fork's prefix results, to report again
         self._forked_epochs = 0
+        #: Seconds the last stage-boundary save and this trial's fork took (diagnostics).
+        self.prefix_save_s: float | None = None
+        self.fork_load_s: float | None = None
         gang = self._gang
         reusable = (
             gang is not None
@@ -233,6 +236,7 @@ class ScheduleTrainable(tune.Trainable):
         """Start from the longest prefix of the schedule that some trial saved: load its state
         into the workers and queue its per-epoch results to be reported again."""
         assert self._gang is not None
+        started = time.perf_counter()
         schedule = self._spec.schedule
         for stages, epoch in reversed(boundaries(schedule)):
             blob = store.get(prefix_key(schedule, stages, self._config))
@@ -249,6 +253,7 @@ class ScheduleTrainable(tune.Trainable):
             self._gang.call_each("load_state", [((state, ranks[0]), {}) for state in ranks])
             self._replay = results
             self._forked_epochs = epoch
+            self.fork_load_s = time.perf_counter() - started
             return
 
     def _save_prefix(self, store: PrefixStore) -> None:
@@ -261,6 +266,7 @@ class ScheduleTrainable(tune.Trainable):
             key = prefix_key(schedule, stages, self._config)
             if store.has(key):
                 return
+            started = time.perf_counter()
             blob = pickle.dumps(
                 {
                     "version": 1,
@@ -274,6 +280,7 @@ class ScheduleTrainable(tune.Trainable):
                 store.put(key, blob)
             except OSError as exc:  # a full disk costs later forks, not this trial
                 log.warning("could not save the prefix state at epoch %s: %s", epoch, exc)
+            self.prefix_save_s = time.perf_counter() - started
             return
 
     # ------------------------------------------------------------------ checkpoints

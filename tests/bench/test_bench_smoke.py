@@ -1,7 +1,8 @@
 """Smoke runs of the benchmark scripts (``bench/schedule_quality.py``,
 ``bench/tuning_efficiency.py``): their ``--smoke`` mode (digits, 2 epochs, 1 seed, 3 trials)
-produces every figure (JSON keys, markdown table, PNG, the summary line). Targets are not
-checked here: they need the full runs (see ``bench/README.md``)."""
+produces every figure (JSON keys, markdown table, PNG, the summary line); and the fork-cost
+part of ``bench/trial_overhead.py``. Targets are not checked here: they need the full runs
+(see ``bench/README.md``)."""
 
 from __future__ import annotations
 
@@ -132,3 +133,16 @@ def test_tuning_efficiency_smoke(
     assert "| method |" in md
     assert "tpe_asha (mean)" in md
     _png(tmp_path / "tuning_efficiency_smoke.png")
+
+
+def test_trial_overhead_measures_what_a_fork_costs(ray_session: None, tmp_path: Path) -> None:
+    """The fork-cost part of ``bench/trial_overhead.py`` (the rest of its smoke mode starts a
+    Ray Train run per trial, over a minute): a real save at a stage boundary and a real load
+    into the next trial's workers, timed."""
+    module = _load("trial_overhead")
+    (row,) = module.run_fork_cost(["digits"], str(tmp_path))
+    assert row["task"] == "digits"
+    assert row["state_bytes"] > 0
+    assert len(row["save_s"]) == len(row["load_s"]) == 3
+    assert all(0 < s < 30 for s in [*row["save_s"], *row["load_s"]])
+    assert row["fork_s"] == row["save_median_s"] + row["load_median_s"]
