@@ -309,16 +309,19 @@ def run_fork_cost(tasks: list[str], workdir: str) -> list[dict[str, Any]]:
             size = sum(p.stat().st_size for p in store.glob("*.state"))
         finally:
             trainable.stop()
-        row = {
-            "task": task,
-            "state_bytes": size,
-            "save_s": saves,
-            "load_s": loads,
-            "save_median_s": statistics.median(saves[1:]),
-            "load_median_s": statistics.median(loads[1:]),
-        }
-        row["fork_s"] = row["save_median_s"] + row["load_median_s"]
-        rows.append(row)
+        save = statistics.median(saves[1:])
+        load = statistics.median(loads[1:])
+        rows.append(
+            {
+                "task": task,
+                "state_bytes": size,
+                "save_s": saves,
+                "load_s": loads,
+                "save_median_s": save,
+                "load_median_s": load,
+                "fork_s": save + load,
+            }
+        )
     return rows
 
 
