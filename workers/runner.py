@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -440,11 +440,13 @@ class TrialPrinter(tune.Callback):
         status, _ = trial_status(self.objective, r, error=error)
         acc = r.get("val_accuracy")
         acc_text = f"{acc:.4f}" if isinstance(acc, int | float) else "-"
+        forked = r.get("forked_epochs")
+        fork_text = f", forked at epoch {forked}" if isinstance(forked, int) and forked else ""
         self.console.print(
             f"[{self._done:>3}/{self.budget}] trial {meta.number:>3} "
             f"[{meta.baseline or 'tuned'}] {status}: val_accuracy {acc_text} after "
             f"{r.get('training_iteration', 0)} epoch(s), {r.get('steps', '-')} steps, "
-            f"{float(r.get('wall_time_s') or 0.0):.1f} s"
+            f"{float(r.get('wall_time_s') or 0.0):.1f} s{fork_text}"
         )
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
@@ -457,6 +459,27 @@ class TrialPrinter(tune.Callback):
         state = self.__dict__.copy()
         state["_console"] = None
         return state
+
+
+def search_text(summary: Mapping[str, Any]) -> str:
+    """What the search spent, in one line: trial-epochs trained (cooldown probes included) and
+    what forks from shared prefixes saved; empty for a summary without these figures."""
+    compute = summary.get("compute_epochs")
+    if not isinstance(compute, int | float):
+        return ""
+    parts = [f"search: {compute:,.1f} trial-epochs trained"]
+    probes = summary.get("cooldown_probes")
+    if isinstance(probes, Mapping) and probes.get("at_epochs"):
+        epochs = ", ".join(str(e) for e in probes["at_epochs"])
+        parts[0] += f" (cooldown probes after epoch {epochs} included)"
+    prefixes = summary.get("prefixes")
+    if isinstance(prefixes, Mapping):
+        forks, reused = int(prefixes.get("forks") or 0), int(prefixes.get("epochs_reused") or 0)
+        parts.append(
+            f"{forks} trial{'s' if forks != 1 else ''} forked from shared prefixes, "
+            f"{reused} epoch{'s' if reused != 1 else ''} not trained again"
+        )
+    return "; ".join(parts)
 
 
 def print_result(result: StudyResult, console: Any) -> None:
@@ -488,5 +511,8 @@ def print_result(result: StudyResult, console: Any) -> None:
         )
     console.print(table)
     console.print(summary.get("note", ""))
+    search = search_text(summary)
+    if search:
+        console.print(search)
     if result.schedule_path is not None:
         console.print(f"best schedule written to [bold]{result.schedule_path}[/bold]")

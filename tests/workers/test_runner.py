@@ -21,7 +21,7 @@ from tuner.schedule import Schedule
 from tuner.spec import StudySpec
 from tuner.store.records import StudyStatus, TrialStatus
 from tuner.store.storage import StudyStore
-from workers.runner import optuna_study_name, run_study, tune_spec
+from workers.runner import optuna_study_name, print_result, run_study, tune_spec
 
 pytestmark = [
     pytest.mark.ray,
@@ -156,6 +156,16 @@ def test_a_small_digits_study_end_to_end(
     assert prefixes["epochs_reused"] >= forked
     # The boundary states are deleted with the study's end.
     assert not list((tmp_path / "ray").glob("*.prefixes"))
+    # What the CLI prints says what the search spent and saved.
+    from rich.console import Console
+
+    console = Console(record=True, width=240)
+    print_result(result, console)
+    printed = console.export_text()
+    assert f"search: {summary['compute_epochs']:,.1f} trial-epochs trained" in printed
+    assert "(cooldown probes after epoch 2 included)" in printed
+    assert f"{prefixes['forks']} trials forked from shared prefixes" in printed
+    assert f"{prefixes['epochs_reused']} epochs not trained again" in printed
 
 
 CHILD = """
