@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from tuner.errors import ValidationError
+from tuner.objectives import search_text
 from tuner.schedule import Schedule
 from tuner.store import (
     EpochMetrics,
@@ -448,6 +449,7 @@ def study_header(study: StudyRecord, now: datetime) -> dict[str, Any]:
             "attempts": study.attempts,
             "note": note if isinstance(note, str) else None,
             "best_is_baseline": bool(summary.get("best_is_baseline", False)),
+            "search": search_text(summary) or None,
             "total_epochs": _spec_total_epochs(study.spec),
         }
     )

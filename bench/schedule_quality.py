@@ -350,7 +350,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         )
         budget = (
             f"{args.trials} trials (TPE, {spec.budget.startup_trials} random start-up, ASHA "
-            f"grace {args.grace} epochs, reduction 3), {args.concurrent} at once, 1 worker "
+            f"grace {args.grace} epochs, reduction 3, cooldown probes "
+            f"{'on' if spec.budget.cooldown_probes else 'off'}, prefix reuse "
+            f"{spec.budget.prefix_reuse:g}), {args.concurrent} at once, 1 worker "
             f"each, {args.epochs} epochs, objective: val accuracy with max_steps {max_steps} "
             f"(= {args.steps_fraction:g} x small batch's {small_steps}), batch "
             f"{space.base_batch_size}-{space.largest_batch}"

@@ -41,6 +41,7 @@ __all__ = [
     "TrialOutcome",
     "epochs_done",
     "pareto_front",
+    "search_text",
     "select_best",
     "summarize",
     "trial_status",
@@ -366,3 +367,25 @@ def _compare(best: TrialOutcome, base: TrialOutcome) -> dict[str, float | None]:
         "wall_time_ratio": ratio(best.wall_time_s, base.wall_time_s),
         "mean_batch_size_ratio": ratio(best.mean_batch_size, base.mean_batch_size),
     }
+
+
+def search_text(summary: Mapping[str, Any]) -> str:
+    """What the search spent, in one line: trial-epochs trained (cooldown probes included) and
+    what forks from shared prefixes saved; empty for a summary without these figures."""
+    compute = summary.get("compute_epochs")
+    if not isinstance(compute, int | float):
+        return ""
+    parts = [f"search: {compute:,.1f} trial-epochs trained"]
+    probes = summary.get("cooldown_probes")
+    if isinstance(probes, Mapping) and probes.get("at_epochs"):
+        at = [str(e) for e in probes["at_epochs"]]
+        word = "epoch" if len(at) == 1 else "epochs"
+        parts[0] += f" (cooldown probes after {word} {', '.join(at)} included)"
+    prefixes = summary.get("prefixes")
+    if isinstance(prefixes, Mapping):
+        forks, reused = int(prefixes.get("forks") or 0), int(prefixes.get("epochs_reused") or 0)
+        parts.append(
+            f"{forks} trial{'s' if forks != 1 else ''} forked from shared prefixes, "
+            f"{reused} epoch{'s' if reused != 1 else ''} not trained again"
+        )
+    return "; ".join(parts)

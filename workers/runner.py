@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from tuner.engine import EngineResult, TuningEngine
 from tuner.engine_search import PriorTrial, TrialMeta
 from tuner.errors import InvalidStateError, StagetuneError, ValidationError
 from tuner.export import export_yaml
-from tuner.objectives import StudyObjective, TrialOutcome, trial_status
+from tuner.objectives import StudyObjective, TrialOutcome, search_text, trial_status
 from tuner.progress import StoreProgress, StudyWatch, outcome_of_record
 from tuner.schedule import Schedule
 from tuner.spec import ResolvedSpec, StudySpec, TaskDefaults
@@ -459,27 +459,6 @@ class TrialPrinter(tune.Callback):
         state = self.__dict__.copy()
         state["_console"] = None
         return state
-
-
-def search_text(summary: Mapping[str, Any]) -> str:
-    """What the search spent, in one line: trial-epochs trained (cooldown probes included) and
-    what forks from shared prefixes saved; empty for a summary without these figures."""
-    compute = summary.get("compute_epochs")
-    if not isinstance(compute, int | float):
-        return ""
-    parts = [f"search: {compute:,.1f} trial-epochs trained"]
-    probes = summary.get("cooldown_probes")
-    if isinstance(probes, Mapping) and probes.get("at_epochs"):
-        epochs = ", ".join(str(e) for e in probes["at_epochs"])
-        parts[0] += f" (cooldown probes after epoch {epochs} included)"
-    prefixes = summary.get("prefixes")
-    if isinstance(prefixes, Mapping):
-        forks, reused = int(prefixes.get("forks") or 0), int(prefixes.get("epochs_reused") or 0)
-        parts.append(
-            f"{forks} trial{'s' if forks != 1 else ''} forked from shared prefixes, "
-            f"{reused} epoch{'s' if reused != 1 else ''} not trained again"
-        )
-    return "; ".join(parts)
 
 
 def print_result(result: StudyResult, console: Any) -> None:

@@ -251,15 +251,16 @@
         ": <code>" + fmtSummary(best.summary) + "</code>, " + esc(fmtObjective(st.best_value, objectiveName())) + "."
       : "";
     var html = null, kind = st.status;
+    var search = st.search ? '<span class="banner-detail" id="study-search">' + esc(capitalize(st.search)) + ".</span>" : "";
     if (st.status === "completed") {
       html = "<strong>Study completed" + (S.wasLive ? " just now" : "") + ".</strong>" +
-        '<span class="banner-detail">' + bestText + (st.note && (st.best_is_baseline || !best) ? " " + esc(capitalize(st.note)) + "." : "") + "</span>";
+        '<span class="banner-detail">' + bestText + (st.note && (st.best_is_baseline || !best) ? " " + esc(capitalize(st.note)) + "." : "") + "</span>" + search;
     } else if (st.status === "failed") {
       html = "<strong>Study failed" + (S.wasLive ? " just now" : "") + ".</strong>" +
         '<span class="banner-detail">' + esc(st.error || "no error message recorded") + "</span>";
     } else if (st.status === "cancelled") {
       html = "<strong>Study cancelled.</strong>" +
-        '<span class="banner-detail">' + (st.error ? esc(st.error) : "") + bestText + "</span>";
+        '<span class="banner-detail">' + (st.error ? esc(st.error) : "") + bestText + "</span>" + search;
     } else if (st.status === "queued") {
       html = "<strong>Queued.</strong><span class=\"banner-detail\">Waiting for a worker to pick it up; this page updates by itself.</span>";
     } else if (st.cancel_requested) {

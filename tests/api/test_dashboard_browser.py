@@ -345,7 +345,16 @@ def seed_database(url: str) -> Seeded:
             if plan.status is TrialStatus.COMPLETED and (best is None or plan.curve[-1] > best[0]):
                 best = (plan.curve[-1], plan.number)
                 store.set_best(study.id, trial_id, plan.curve[-1])
-        summary = summarize(outcomes, objective, extra={"optuna_study": optuna_name})
+        summary = summarize(
+            outcomes,
+            objective,
+            extra={
+                "optuna_study": optuna_name,
+                "compute_epochs": 187.4,
+                "cooldown_probes": {"at_epochs": [1, 3, 9], "fraction": 0.2},
+                "prefixes": {"states": 0, "bytes": 0, "forks": 6, "epochs_reused": 21},
+            },
+        )
         assert best is not None
         assert summary["best"]["number"] == best[1]
         assert plans[best[1]].baseline is None, "the scenario has a tuned schedule win"
@@ -618,6 +627,10 @@ def test_study_page_draws_every_chart(server: Server, page: Any) -> None:
     )
     assert roles == ["best"] + ["baseline"] * len(baselines)
     assert "Study completed" in page.locator("#study-banner").inner_text()
+    assert page.locator("#study-search").inner_text() == (
+        "Search: 187.4 trial-epochs trained (cooldown probes after epochs 1, 3, 9 included); "
+        "6 trials forked from shared prefixes, 21 epochs not trained again."
+    )
 
     # Back to steps for the screenshot (the front follows the toggle both ways).
     page.click("button.seg[data-cost='steps']")
