@@ -19,6 +19,15 @@ fails with :class:`workers.loop.TrialOOMError` only at micro-batch 1; a worker t
 ``step()`` raise :class:`workers.gang.WorkerDiedError` (the trial fails with that reason, and
 the next trial, or ``reset_config()``, gets fresh workers).
 
+Cooldown probes (config ``probe_at``): after those epochs the workers also train and
+evaluate a short branch with the LR annealed to zero and put the trial back exactly
+(:meth:`workers.loop.TrialWorker.probe`); the result then carries ``score`` (the probe's
+accuracy) for schedulers to compare. Shared prefixes (config ``prefix_store``): at every stage
+boundary but the last the trial saves its whole state, and a trial whose schedule starts with
+the same stages forks from it, re-reporting the prefix's results as recorded
+(:mod:`tuner.prefixes`). ``compute_epochs`` counts what the trial itself trained, probes
+included.
+
 Outside Tune the class works as a plain object (``ScheduleTrainable(config)``; ``train()``;
 ``stop()``): the gang then reserves its own placement group.
 """
@@ -360,8 +369,9 @@ class ScheduleTrainable(tune.Trainable):
         self._epoch += 1
         done = bool(first["diverged"]) or self._epoch >= self._spec.schedule.total_epochs
         # ``score`` ranks the run where it can be ranked: after a cooldown probe, the probe's
-        # accuracy; at the run's end, its own (the schedule's decay has run). Absent otherwise,
-        # so a scheduler comparing ``score`` decides only at those epochs.
+        # accuracy; at the run's end, its own (the schedule's decay has run). None otherwise
+        # (Tune wants the key in every result), so a scheduler comparing ``score`` decides only
+        # at those epochs.
         self._compute_epochs += 1.0
         metrics["score"] = None
         if "probe_val_accuracy" in first:
