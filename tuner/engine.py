@@ -672,7 +672,18 @@ class TuningEngine:
 
     def _prefix_summary(self, outcomes: Sequence[TrialOutcome]) -> dict[str, Any] | None:
         """Disk the prefix states take and what forks saved (``None`` when forks are off)."""
-        return _prefix_summary_of(self.prefix_store(), outcomes)
+        store = self.prefix_store()
+        if store is None:
+            return None
+        usage = store.usage()
+        forked = [int(o.extra.get("forked_epochs") or 0) for o in outcomes]
+        return {
+            "states": usage.states,
+            "bytes": usage.bytes,
+            "max_bytes": store.max_bytes,
+            "forks": sum(1 for f in forked if f > 0),
+            "epochs_reused": sum(forked),
+        }
 
     def make_searcher(self) -> ScheduleSearcher:
         spec = self.resolved.spec
@@ -855,22 +866,6 @@ class TuningEngine:
             experiment_path=str(self.experiment_path),
             baselines=self.baselines,
         )
-
-
-def _prefix_summary_of(
-    store: PrefixStore | None, outcomes: Sequence[TrialOutcome]
-) -> dict[str, Any] | None:
-    if store is None:
-        return None
-    usage = store.usage()
-    forked = [int(o.extra.get("forked_epochs") or 0) for o in outcomes]
-    return {
-        "states": usage.states,
-        "bytes": usage.bytes,
-        "max_bytes": store.max_bytes,
-        "forks": sum(1 for f in forked if f > 0),
-        "epochs_reused": sum(forked),
-    }
 
 
 def _fit(tuner: tune.Tuner) -> tune.ResultGrid:

@@ -755,7 +755,6 @@ class TrialWorker:
         per_epoch = schedule.steps_per_epoch(stage_index, n, drop_last=spec.drop_last)
         steps = max(1, round(spec.probe_fraction * epochs_done * per_epoch))
         generator = torch.Generator().manual_seed(_seed(spec.seed, 3, epochs_done))
-        per_perm = max(1, n // batch) if spec.drop_last else max(1, math.ceil(n / batch))
         saved = self._snapshot()
         val_loss: float | None = None
         val_acc: float | None = None
@@ -764,7 +763,7 @@ class TrialWorker:
             k = j = 0
             finite = True
             while k < steps:
-                if j >= per_perm:
+                if j >= per_epoch:  # one permutation holds an epoch's batches
                     perm = torch.randperm(n, generator=generator).to(self.device)
                     j = 0
                 idx = perm[j * batch : min((j + 1) * batch, n)]
