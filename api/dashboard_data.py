@@ -24,6 +24,7 @@ from typing import Any, Final
 from tuner.errors import ValidationError
 from tuner.objectives import search_text
 from tuner.schedule import Schedule
+from tuner.seeds import seed_text
 from tuner.store import (
     EpochMetrics,
     StudyRecord,
@@ -38,6 +39,7 @@ __all__ = [
     "CHANGE_MARGIN",
     "MIN_IMPORTANCE_TRIALS",
     "Curve",
+    "best_detail",
     "compact_curve",
     "comparison_rows",
     "curves_of",
@@ -180,6 +182,23 @@ def elapsed_seconds(study: StudyRecord, now: datetime) -> float | None:
     return max(0.0, (end - study.started_at).total_seconds())
 
 
+def best_detail(study: StudyRecord) -> str | None:
+    """What the best value is, under it: the trial, its kind when it is a baseline, and
+    "mean of K fresh seeds" for a seed-robust pick (``None`` without a best trial)."""
+    if study.best_trial_number is None:
+        return None
+    parts = [f"trial #{study.best_trial_number}"]
+    baseline = study.best_trial_baseline
+    if baseline is not None:
+        parts.append(f"{BASELINE_LABELS.get(baseline, baseline)} baseline")
+    best = (study.summary or {}).get("best")
+    if isinstance(best, Mapping) and best.get("number") == study.best_trial_number:
+        seeds = best.get("seeds")
+        if isinstance(seeds, Mapping) and seeds.get("seeds"):
+            parts.append(f"mean of {len(seeds['seeds'])} fresh seeds")
+    return " · ".join(parts)
+
+
 def study_row(study: StudyRecord, now: datetime) -> dict[str, Any]:
     """One row of the studies page."""
     objective = objective_info(study.spec)
@@ -207,6 +226,7 @@ def study_row(study: StudyRecord, now: datetime) -> dict[str, Any]:
         "best_value": _finite(study.best_value),
         "best_text": format_objective(study.best_value, name),
         "best_trial_number": study.best_trial_number,
+        "best_detail": best_detail(study),
         "objective": objective,
         "elapsed_s": elapsed_seconds(study, now),
         "elapsed_text": format_duration(elapsed_seconds(study, now)),
@@ -390,6 +410,10 @@ def _comparison_row(source: Mapping[str, Any], role: str) -> dict[str, Any]:
     for key in _COMPARED_KEYS:
         value = source.get(key)
         row[key] = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    # A finalist's seed runs (see tuner.seeds): its accuracy over the fresh seeds.
+    seeds = source.get("seeds")
+    row["seeds_text"] = seed_text(seeds) if isinstance(seeds, Mapping) else None
+    row["seed_count"] = len(seeds.get("seeds") or ()) if isinstance(seeds, Mapping) else None
     return row
 
 

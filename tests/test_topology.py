@@ -638,6 +638,7 @@ def study_spec(workdir: Path) -> Path:
     spec["schedule"] = {**spec.get("schedule", {}), "total_epochs": 2}
     spec["budget"] = {**spec.get("budget", {}), "trials": 2, "max_concurrent": 1}
     spec["budget"]["early_stopping"] = False
+    spec["budget"]["seed_runs"] = 0
     spec["budget"].pop("startup_trials", None)
     spec["resources"] = {**spec.get("resources", {}), "workers": 2, "cpus_per_worker": 1}
     path = workdir / "digits-topology.yaml"

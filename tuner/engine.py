@@ -62,15 +62,25 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialSch
 from ray.tune.stopper import Stopper
 
 from tuner.baselines import Baseline, build_baselines
-from tuner.engine_search import LIVE_RUNS, LiveRun, PriorTrial, ScheduleSearcher, TrialMeta
+from tuner.engine_search import (
+    LIVE_RUNS,
+    META_KEY,
+    FixedTrials,
+    LiveRun,
+    PriorTrial,
+    ScheduleSearcher,
+    TrialMeta,
+)
 from tuner.errors import StagetuneError, ValidationError
 from tuner.objectives import StudyObjective, TrialOutcome, summarize, trial_status
 from tuner.prefixes import PrefixStore
 from tuner.schedule import Schedule
+from tuner.seeds import SeedStats, finalists, fresh_seeds, seed_stats
 from tuner.space import ScheduleSpace, check_feasible, constraint_violations
 from tuner.spec import AccuracyObjective, ResolvedSpec
 
 __all__ = [
+    "SEED_RUN_KEY",
     "EngineResult",
     "ProtectedASHA",
     "RelayCallback",
@@ -88,6 +98,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CHECKPOINT_PERIOD_ENV: Final = "TUNE_GLOBAL_CHECKPOINT_S"
+#: Config key of a seed run (``{"seed": .., "seeds": .., "runs": ..}``); trainables ignore it.
+SEED_RUN_KEY: Final = "seed_run"
 
 
 # --------------------------------------------------------------------------------------------
@@ -529,6 +541,8 @@ class TuningEngine:
             worker without the experiment directory (another host) finish the study.
         max_concurrent: trials at once; default: the spec's, else what the cluster fits.
         trial_config: extra keys for every trial's config (e.g. data loader settings).
+        seed_callbacks: Tune callbacks for the seed runs (display only: a seed run is not a
+            trial of the study, so progress persistence must not see it).
     """
 
     def __init__(
@@ -546,6 +560,7 @@ class TuningEngine:
         max_concurrent: int | None = None,
         trial_config: Mapping[str, Any] | None = None,
         prior_trials: Sequence[PriorTrial] = (),
+        seed_callbacks: Sequence[tune.Callback] = (),
     ) -> None:
         self.resolved = resolved
         self.prior_trials = tuple(prior_trials)
@@ -556,6 +571,7 @@ class TuningEngine:
         self.optuna_study_name = optuna_study_name
         self.train_size = train_size
         self.callbacks = list(callbacks)
+        self.seed_callbacks = list(seed_callbacks)
         self.should_stop = should_stop
         self._max_concurrent = max_concurrent
         self._trial_config = dict(trial_config or {})
@@ -770,6 +786,109 @@ class TuningEngine:
             run_config=run_config,
         )
 
+    # ------------------------------------------------------------------ seed runs
+
+    @property
+    def seed_experiment_path(self) -> Path:
+        """The seed runs' own Tune experiment (beside the search's)."""
+        return self.storage_path / f"{self.experiment_name}.seeds"
+
+    def seeds(self) -> list[int]:
+        """The fresh seeds the finalists train on (none for a multi-objective study)."""
+        if self.objective.is_multi:
+            return []
+        return fresh_seeds(self.resolved.spec.seed, self.resolved.spec.budget.seed_runs)
+
+    def seed_run_configs(self, outcomes: Sequence[TrialOutcome]) -> list[dict[str, Any]]:
+        """One trial config per (finalist, fresh seed): the finalist's schedule and number,
+        the seed, no probes (see :mod:`tuner.seeds`)."""
+        seeds = self.seeds()
+        if not seeds:
+            return []
+        chosen = finalists(outcomes, self.objective, self.resolved.spec.budget.finalists)
+        return [
+            {
+                "schedule": f.schedule,
+                META_KEY: TrialMeta(
+                    number=f.number,
+                    baseline=f.baseline,
+                    params=dict(f.extra.get("params") or {}),
+                    optuna_trial=f.extra.get("optuna_trial"),
+                ).to_dict(),
+                "seed": seed,
+                SEED_RUN_KEY: {"seed": seed, "seeds": len(seeds), "runs": len(chosen) * len(seeds)},
+                "probe_at": [],
+            }
+            for f in chosen
+            for seed in seeds
+        ]
+
+    def _seed_runs(self, outcomes: Sequence[TrialOutcome], seeds: list[int]) -> list[SeedStats]:
+        """Train the finalists on the fresh seeds (a Tune experiment of its own, resumed like
+        the search's) and return their statistics. Raises ``KeyboardInterrupt`` if the
+        experiment ended before every run finished without a cancel (Tune's own Ctrl-C
+        handling): the study is then resumed later, not reported on partial seed runs."""
+        configs = self.seed_run_configs(outcomes)
+        if not configs:
+            return []
+        path = self.seed_experiment_path
+        key = str(path)
+        LIVE_RUNS[key] = LiveRun(callbacks=list(self.seed_callbacks), should_stop=self.should_stop)
+        try:
+            with _checkpoint_every_step():
+                tuner = None
+                if tune.Tuner.can_restore(str(path)):
+                    problem, _ = unreadable_state(path)
+                    if problem is None:
+                        log.info("resuming the seed runs at %s", path)
+                        tuner = tune.Tuner.restore(
+                            str(path), trainable=self.trainable, param_space=self.common_config()
+                        )
+                    else:
+                        set_aside(path, problem)
+                if tuner is None:
+                    tuner = self._seed_tuner(configs)
+                grid = _fit(tuner)
+        finally:
+            LIVE_RUNS.pop(key, None)
+        runs: dict[int, dict[int, TrialOutcome]] = {}
+        finished = 0
+        for config, outcome, done in _outcomes(grid.experiment_path, self):
+            seed = int(config.get("seed", -1))
+            runs.setdefault(outcome.number, {})[seed] = outcome
+            finished += done
+        cancelled = bool(self.should_stop is not None and self.should_stop())
+        if finished < len(configs) and not cancelled:
+            raise KeyboardInterrupt(f"the seed runs ended after {finished} of {len(configs)} runs")
+        chosen = finalists(outcomes, self.objective, self.resolved.spec.budget.finalists)
+        return [seed_stats(f, runs.get(f.number, {}), seeds) for f in chosen]
+
+    def _seed_tuner(self, configs: list[dict[str, Any]]) -> tune.Tuner:
+        path = self.seed_experiment_path
+        return tune.Tuner(
+            self.trainable,
+            param_space=self.common_config(),
+            tune_config=tune.TuneConfig(
+                search_alg=FixedTrials(configs),
+                scheduler=FIFOScheduler(),  # type: ignore[no-untyped-call]
+                num_samples=len(configs),
+                max_concurrent_trials=self.concurrency(),
+                reuse_actors=True,
+                trial_dirname_creator=_trial_dirname,
+            ),
+            run_config=tune.RunConfig(
+                name=path.name,
+                storage_path=str(self.storage_path),
+                callbacks=[RelayCallback(str(path))],
+                stop=RunStopper(self.objective, live_key=str(path)),
+                failure_config=tune.FailureConfig(
+                    max_failures=self.resolved.spec.budget.max_failures
+                ),
+                checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
+                verbose=0,
+            ),
+        )
+
     # ------------------------------------------------------------------ run
 
     def run(self) -> EngineResult:
@@ -799,29 +918,7 @@ class TuningEngine:
                     grid = _fit(self._new_tuner())
         finally:
             LIVE_RUNS.pop(self.live_key, None)
-        outcomes: list[TrialOutcome] = []
-        # Tune's own trial records (a ``Result`` of a trial that never reported lacks its
-        # config); read back from the experiment directory, as a restore would.
-        analysis = tune.ExperimentAnalysis(grid.experiment_path)
-        for trial in analysis.trials:
-            error = trial.status == "ERROR"
-            message = None
-            if error:
-                try:
-                    found = trial.get_error()
-                    message = None if found is None else _short(found)
-                except Exception:  # the error file may be missing; the status is what counts
-                    message = None
-            outcome = outcome_of(
-                self.objective,
-                trial.config or {},
-                trial.last_result,
-                error=error,
-                error_message=message,
-                train_size=self.train_size,
-            )
-            if outcome is not None:
-                outcomes.append(outcome)
+        outcomes = [o for _, o, _ in _outcomes(grid.experiment_path, self)]
         # Trials the database holds as finished are the study's record of them (a worker
         # without the experiment directory did not run them at all).
         stored = {p.number: p.outcome for p in self.prior_trials if p.finished and p.outcome}
@@ -831,9 +928,19 @@ class TuningEngine:
         # The stopper Tune ran may be the one restored from the experiment directory, so ask
         # ``should_stop`` itself whether the run was cancelled.
         cancelled = bool(self.should_stop is not None and self.should_stop())
+        seeds = self.seeds()
+        # Seed runs follow a whole search only (an interrupted one is resumed first).
+        whole = len(outcomes) >= self.budget
+        stats = self._seed_runs(outcomes, seeds) if whole and not cancelled else []
+        cancelled = bool(self.should_stop is not None and self.should_stop())
+        if cancelled:
+            stats = []
+        compute = sum(float(o.extra.get("compute_epochs") or o.epochs_done or 0) for o in outcomes)
         summary = summarize(
             outcomes,
             self.objective,
+            seed_runs=stats,
+            seeds=seeds if stats else (),
             extra={
                 "space": self.space.describe(),
                 "budget": self.budget,
@@ -848,14 +955,10 @@ class TuningEngine:
                 if self.probes
                 else None,
                 "prefixes": self._prefix_summary(outcomes),
-                # Trial-epochs this run trained, cooldown probes included (trials the database
-                # held as finished before a take-over count their epochs).
-                "compute_epochs": round(
-                    sum(
-                        float(o.extra.get("compute_epochs") or o.epochs_done or 0) for o in outcomes
-                    ),
-                    3,
-                ),
+                # Trial-epochs this run trained, cooldown probes and seed runs included
+                # (trials the database held as finished before a take-over count theirs).
+                "search_compute_epochs": round(compute, 3),
+                "compute_epochs": round(compute + sum(s.compute_epochs for s in stats), 3),
             },
         )
         return EngineResult(
@@ -866,6 +969,36 @@ class TuningEngine:
             experiment_path=str(self.experiment_path),
             baselines=self.baselines,
         )
+
+
+def _outcomes(
+    experiment_path: str | os.PathLike[str], engine: TuningEngine
+) -> list[tuple[dict[str, Any], TrialOutcome, bool]]:
+    """Every trial of a Tune experiment as (config, outcome, whether Tune finished it), from
+    Tune's own trial records read back from the experiment directory as a restore would (a
+    ``Result`` of a trial that never reported lacks its config)."""
+    out: list[tuple[dict[str, Any], TrialOutcome, bool]] = []
+    for trial in tune.ExperimentAnalysis(str(experiment_path)).trials:
+        error = trial.status == "ERROR"
+        message = None
+        if error:
+            try:
+                found = trial.get_error()
+                message = None if found is None else _short(found)
+            except Exception:  # the error file may be missing; the status is what counts
+                message = None
+        config = dict(trial.config or {})
+        outcome = outcome_of(
+            engine.objective,
+            config,
+            trial.last_result,
+            error=error,
+            error_message=message,
+            train_size=engine.train_size,
+        )
+        if outcome is not None:
+            out.append((config, outcome, trial.status in ("TERMINATED", "ERROR")))
+    return out
 
 
 def _fit(tuner: tune.Tuner) -> tune.ResultGrid:

@@ -63,6 +63,7 @@ __all__ = [
     "LIVE_RUNS",
     "MAX_DRAWS",
     "META_KEY",
+    "FixedTrials",
     "LiveRun",
     "PriorTrial",
     "ScheduleSearcher",
@@ -584,3 +585,47 @@ class ScheduleSearcher(Searcher):
     @property
     def numbers_issued(self) -> int:
         return self._next_number
+
+
+class FixedTrials(Searcher):
+    """Issues a fixed list of trial configs in order, then says it is finished (the seed
+    runs: each config is one finalist on one fresh seed). Tune restores it with the
+    experiment; trials it had issued and that had not finished are run again by Tune."""
+
+    def __init__(self, configs: Sequence[Mapping[str, Any]]) -> None:
+        super().__init__()
+        self._configs = [dict(c) for c in configs]
+        self._issued = 0
+
+    def set_search_properties(
+        self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any
+    ) -> bool:
+        return True
+
+    def suggest(  # type: ignore[override]  # Ray types it Optional[Dict]; FINISHED is a str
+        self, trial_id: str
+    ) -> dict[str, Any] | str | None:
+        if self._issued >= len(self._configs):
+            return str(Searcher.FINISHED)
+        self._issued += 1
+        return dict(self._configs[self._issued - 1])
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+    ) -> None:
+        pass
+
+    def get_state(self) -> dict[str, Any]:
+        return {"configs": self._configs, "issued": self._issued}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._configs = list(state["configs"])
+        self._issued = int(state["issued"])
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as fh:
+            pickle.dump(self.get_state(), fh)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as fh:
+            self.set_state(pickle.load(fh))

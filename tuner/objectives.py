@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tuner.spec import (
     AccuracyObjective,
@@ -41,11 +41,15 @@ __all__ = [
     "TrialOutcome",
     "epochs_done",
     "pareto_front",
+    "rank_key",
     "search_text",
     "select_best",
     "summarize",
     "trial_status",
 ]
+
+if TYPE_CHECKING:
+    from tuner.seeds import SeedStats
 
 ObjectiveSpec = AccuracyObjective | TimeToAccuracyObjective | ParetoObjective
 Direction = Literal["maximize", "minimize"]
@@ -269,11 +273,17 @@ def _best_of(pool: Sequence[TrialOutcome], objective: StudyObjective) -> TrialOu
         ]
         return min(near, key=lambda o: ((o.values or (0.0, 0.0))[1], o.number))
 
-    def key(o: TrialOutcome) -> tuple[float, ...]:
-        # Ties: fewer steps, then the lower number.
-        return (*objective.sort_key(o.values or ()), float(o.steps or 0), float(o.number))
+    return min(pool, key=lambda o: rank_key(o, objective))
 
-    return min(pool, key=key)
+
+def rank_key(outcome: TrialOutcome, objective: StudyObjective) -> tuple[float, ...]:
+    """Sort key of a single-objective study's trials, best first (ties: fewer steps, then the
+    lower number)."""
+    return (
+        *objective.sort_key(outcome.values or ()),
+        float(outcome.steps or 0),
+        float(outcome.number),
+    )
 
 
 def select_best(
@@ -307,10 +317,24 @@ def summarize(
     objective: StudyObjective,
     *,
     extra: Mapping[str, Any] | None = None,
+    seed_runs: Sequence[SeedStats] = (),
+    seeds: Sequence[int] = (),
 ) -> dict[str, Any]:
     """The study summary (stored as the study's ``summary`` JSON and printed by the CLI): the
-    result, its comparison with each baseline, and counts."""
+    result, its comparison with each baseline, and counts.
+
+    With ``seed_runs`` (the finalists' :class:`~tuner.seeds.SeedStats` on ``seeds``) the
+    result is the finalist with the best mean over those seeds; the best single run is then
+    only what the search found (``seed_runs.search_pick``)."""
+    from tuner.seeds import pick
+
     best, is_baseline = select_best(outcomes, objective)
+    search_pick = best
+    robust = pick(seed_runs, objective) if seed_runs else None
+    if robust is not None:
+        best = next((o for o in outcomes if o.number == robust.number), best)
+        is_baseline = best is not None and best.baseline is not None
+    by_number = {s.number: s.to_dict() for s in seed_runs}
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
@@ -322,16 +346,31 @@ def summarize(
             **objective.spec.model_dump(mode="json"),
         },
         "trials": {"total": len(outcomes), **counts},
-        "best": None if best is None else best.to_dict(objective),
+        "best": None if best is None else _with_seeds(best.to_dict(objective), by_number),
         "best_schedule": None if best is None else best.schedule,
         "best_is_baseline": is_baseline,
-        "note": _note(best, is_baseline, outcomes),
+        "note": _note(best, is_baseline, outcomes, robust=len(seeds) if robust else 0),
         "baselines": [],
+        "seed_runs": None,
     }
+    if seed_runs:
+        out["seed_runs"] = {
+            "seeds": list(seeds),
+            "finalists": [s.to_dict() for s in seed_runs],
+            "compute_epochs": round(sum(s.compute_epochs for s in seed_runs), 3),
+            "picked": None if robust is None else robust.number,
+            "search_pick": None if search_pick is None else search_pick.number,
+        }
     for base in sorted((o for o in outcomes if o.baseline is not None), key=lambda o: o.number):
-        row = base.to_dict(objective)
+        row = _with_seeds(base.to_dict(objective), by_number)
         if best is not None:
             row["vs_best"] = _compare(best, base)
+            if robust is not None and base.number in by_number:
+                mine = by_number[base.number]["val_accuracy_mean"]
+                theirs = by_number[robust.number]["val_accuracy_mean"]
+                row["vs_best"]["accuracy_mean_delta"] = (
+                    None if mine is None or theirs is None else theirs - mine
+                )
         out["baselines"].append(row)
     if objective.is_multi:
         out["pareto_front"] = [o.to_dict(objective) for o in pareto_front(outcomes, objective)]
@@ -340,15 +379,29 @@ def summarize(
     return out
 
 
-def _note(best: TrialOutcome | None, is_baseline: bool, outcomes: Sequence[TrialOutcome]) -> str:
+def _with_seeds(row: dict[str, Any], by_number: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
+    row["seeds"] = by_number.get(row["number"])
+    return row
+
+
+def _note(
+    best: TrialOutcome | None,
+    is_baseline: bool,
+    outcomes: Sequence[TrialOutcome],
+    *,
+    robust: int = 0,
+) -> str:
     if best is None:
         return "no trial completed its run; there is no result"
+    on = f" (best mean over {robust} fresh seeds)" if robust else ""
     if is_baseline:
         tuned = sum(1 for o in outcomes if o.baseline is None and o.eligible)
         if tuned == 0:
             return f"no tuned trial completed its run; the result is the {best.baseline} baseline"
-        return f"no tuned schedule beat the {best.baseline} baseline; the result is that baseline"
-    return f"the result is tuned trial {best.number}"
+        return (
+            f"no tuned schedule beat the {best.baseline} baseline{on}; the result is that baseline"
+        )
+    return f"the result is tuned trial {best.number}{on}"
 
 
 def _compare(best: TrialOutcome, base: TrialOutcome) -> dict[str, float | None]:
@@ -370,8 +423,9 @@ def _compare(best: TrialOutcome, base: TrialOutcome) -> dict[str, float | None]:
 
 
 def search_text(summary: Mapping[str, Any]) -> str:
-    """What the search spent, in one line: trial-epochs trained (cooldown probes included) and
-    what forks from shared prefixes saved; empty for a summary without these figures."""
+    """What the search spent, in one line: trial-epochs trained (cooldown probes and seed runs
+    included), the seed runs, and what forks from shared prefixes saved; empty for a summary
+    without these figures."""
     compute = summary.get("compute_epochs")
     if not isinstance(compute, int | float):
         return ""
@@ -381,6 +435,14 @@ def search_text(summary: Mapping[str, Any]) -> str:
         at = [str(e) for e in probes["at_epochs"]]
         word = "epoch" if len(at) == 1 else "epochs"
         parts[0] += f" (cooldown probes after {word} {', '.join(at)} included)"
+    seeded = summary.get("seed_runs")
+    if isinstance(seeded, Mapping) and seeded.get("finalists"):
+        n_final, n_seeds = len(seeded["finalists"]), len(seeded.get("seeds") or ())
+        parts.append(
+            f"{n_final} finalist{'s' if n_final != 1 else ''} trained again on {n_seeds} fresh "
+            f"seed{'s' if n_seeds != 1 else ''} ({float(seeded.get('compute_epochs') or 0):,.1f} "
+            "of those trial-epochs); the result is the best mean"
+        )
     prefixes = summary.get("prefixes")
     if isinstance(prefixes, Mapping):
         forks, reused = int(prefixes.get("forks") or 0), int(prefixes.get("epochs_reused") or 0)

@@ -393,6 +393,24 @@ class Budget(_Model):
         description="Disk for the trial states saved at stage boundaries (forks start from "
         "them; least recently used go first); 0: save none, every trial trains its whole run.",
     )
+    seed_runs: int = Field(
+        strict=True,
+        default=3,
+        ge=0,
+        le=16,
+        description="Before the study picks its result, its best full schedules (see "
+        "`finalists`) and the best baseline train again on this many fresh seeds; the result "
+        "is the best mean over those seeds, reported as mean ± std. 0: pick on the search's "
+        "single run. Single-objective studies only.",
+    )
+    finalists: int = Field(
+        strict=True,
+        default=2,
+        ge=1,
+        le=16,
+        description="Tuned schedules that take part in the seed runs (the best ones by the "
+        "search's own run), beside the best baseline.",
+    )
     max_failures: int = Field(
         strict=True,
         default=1,

@@ -33,13 +33,14 @@ from typing import Any
 import optuna
 from ray import tune
 
-from tuner.engine import EngineResult, TuningEngine
+from tuner.engine import SEED_RUN_KEY, EngineResult, TuningEngine
 from tuner.engine_search import PriorTrial, TrialMeta
 from tuner.errors import InvalidStateError, StagetuneError, ValidationError
 from tuner.export import export_yaml
 from tuner.objectives import StudyObjective, TrialOutcome, search_text, trial_status
 from tuner.progress import StoreProgress, StudyWatch, outcome_of_record
 from tuner.schedule import Schedule
+from tuner.seeds import seed_text
 from tuner.spec import ResolvedSpec, StudySpec, TaskDefaults
 from tuner.store.records import StudyStatus, TrialStatus, optuna_study_name
 from tuner.store.storage import StudyStore
@@ -173,6 +174,7 @@ def run_study(
             optuna_study_name=optuna_study_name(study_id),
             train_size=train_size,
             callbacks=[StoreProgress(url, study_id, objective, train_size=train_size), *callbacks],
+            seed_callbacks=callbacks,
             should_stop=watch,
             max_concurrent=max_concurrent,
             trial_config=trial_config,
@@ -246,6 +248,9 @@ def _finish(
         trial = store.get_trial(study_id, best_number)
         values = (trial.objective_values or {}).values()
         value = next((v for v in values if v is not None), None)
+        seeds = best.get("seeds") if isinstance(best, dict) else None
+        if isinstance(seeds, dict) and seeds.get("mean") is not None:
+            value = float(seeds["mean"])  # a seed-robust pick is reported by its mean
         if value is not None:
             store.set_best(study_id, trial.id, value)
     if not owned:
@@ -403,13 +408,16 @@ def _quiet_ray_output() -> None:
 
 
 class TrialPrinter(tune.Callback):
-    """Prints a line when a trial starts and when it ends (the CLI's live progress)."""
+    """Prints a line when a trial starts and when it ends (the CLI's live progress), and the
+    same for the finalists' seed runs."""
 
     def __init__(self, budget: int, objective: StudyObjective, quiet: bool = False) -> None:
         self.budget = budget
         self.objective = objective
         self.quiet = quiet
         self._done = 0
+        self._seed_runs_done = 0
+        self._seed_runs_started = False
         self._console: Any = None
 
     @property
@@ -429,14 +437,40 @@ class TrialPrinter(tune.Callback):
         except ValidationError:
             summary = "?"
         kind = meta.baseline or "tuned"
+        seed_run = trial.config.get(SEED_RUN_KEY)
+        if isinstance(seed_run, dict):
+            if not self._seed_runs_started:
+                self._seed_runs_started = True
+                self.console.print(
+                    f"seed runs: the finalists train again on {seed_run.get('seeds')} fresh "
+                    f"seeds ({seed_run.get('runs')} runs); the result is the best mean"
+                )
+            self.console.print(
+                f"  [dim]start[/dim] trial {meta.number:>3} [{kind}] on seed "
+                f"{seed_run.get('seed')}: {summary}"
+            )
+            return
         self.console.print(f"  [dim]start[/dim] trial {meta.number:>3} [{kind}] {summary}")
 
     def _line(self, trial: Any, error: bool) -> None:
         meta = TrialMeta.from_config(trial.config)
         if meta is None:
             return
-        self._done += 1
         r = trial.last_result or {}
+        seed_run = trial.config.get(SEED_RUN_KEY)
+        if isinstance(seed_run, dict):
+            self._seed_runs_done += 1
+            status, _ = trial_status(self.objective, r, error=error)
+            acc = r.get("val_accuracy")
+            self.console.print(
+                f"[seed {self._seed_runs_done:>2}/{seed_run.get('runs')}] trial "
+                f"{meta.number:>3} [{meta.baseline or 'tuned'}] seed {seed_run.get('seed')} "
+                f"{status}: val_accuracy "
+                f"{f'{acc:.4f}' if isinstance(acc, int | float) else '-'}, "
+                f"{r.get('steps', '-')} steps"
+            )
+            return
+        self._done += 1
         status, _ = trial_status(self.objective, r, error=error)
         acc = r.get("val_accuracy")
         acc_text = f"{acc:.4f}" if isinstance(acc, int | float) else "-"
@@ -466,8 +500,13 @@ def print_result(result: StudyResult, console: Any) -> None:
     from rich.table import Table
 
     summary = result.summary
+    seeded = summary.get("seed_runs") or None
     table = Table(title=f"study {result.study_id}: {result.status}", show_lines=False)
-    for column in ("trial", "kind", "schedule", "val_acc", "steps", "wall s", "mean batch"):
+    columns = ["trial", "kind", "schedule", "val_acc", "steps", "wall s", "mean batch"]
+    if seeded:
+        columns[3] = "val_acc (search run)"
+        columns.insert(4, f"val_acc over {len(seeded['seeds'])} fresh seeds")
+    for column in columns:
         table.add_column(column)
 
     def fmt(value: Any, spec: str) -> str:
@@ -479,7 +518,7 @@ def print_result(result: StudyResult, console: Any) -> None:
         rows.append((best, "best" + (" (baseline)" if summary.get("best_is_baseline") else "")))
     rows.extend((b, b["baseline"]) for b in summary.get("baselines", []))
     for row, kind in rows:
-        table.add_row(
+        cells = [
             str(row["number"]),
             kind,
             row.get("schedule_summary") or "",
@@ -487,11 +526,14 @@ def print_result(result: StudyResult, console: Any) -> None:
             fmt(row.get("steps"), "d"),
             fmt(row.get("wall_time_s"), ".1f"),
             fmt(row.get("mean_batch_size"), ".0f"),
-        )
+        ]
+        if seeded:
+            cells.insert(4, seed_text(row.get("seeds")))
+        table.add_row(*cells)
     console.print(table)
     console.print(summary.get("note", ""))
     search = search_text(summary)
     if search:
-        console.print(search)
+        console.print(search, soft_wrap=True)  # one line (the terminal wraps it)
     if result.schedule_path is not None:
         console.print(f"best schedule written to [bold]{result.schedule_path}[/bold]")

@@ -318,9 +318,13 @@
     var best = st.best_trial_number != null ? S.trials.get(st.best_trial_number) : null;
     var cards = [];
     var bestLabel = name === "val_accuracy" ? "Best val accuracy" : "Best objective";
+    var bestRow = S.comparison.filter(function (r) { return r.role === "best"; })[0];
+    var seeded = bestRow && bestRow.seeds_text ? bestRow : null;
+    if (seeded) bestLabel += " (mean of " + seeded.seed_count + " fresh seeds)";
     cards.push(
       kpi(bestLabel, isNum(st.best_value) ? esc(fmtObjective(st.best_value, name)) : "—",
-        best ? "trial #" + best.number + " · <code>" + fmtSummary(best.summary) + "</code>" :
+        best ? (seeded ? esc(seeded.seeds_text) + " · " : "") + "trial #" + best.number +
+          " · <code>" + fmtSummary(best.summary) + "</code>" :
           "no completed trial yet", "kpi-best")
     );
     var rows = S.comparison.filter(function (r) { return r.role === "baseline" && r.vs_best; });
@@ -708,7 +712,9 @@
       return '<tr class="' + (isBestRow ? "row-best" : "") + '" data-role="' + r.role + '" data-number="' + esc(r.number) + '">' +
         '<td><span class="swatch" style="background:' + color + '"></span>' + esc(label) +
         '<div class="muted small"><code>' + fmtSummary(r.summary) + "</code></div></td>" +
-        cell(fmtPct(r.val_accuracy), v.accuracy_delta != null ? "best " + deltaText(v.accuracy_delta) : "") +
+        cell(fmtPct(r.val_accuracy) + (r.seeds_text ? '<div class="muted small seeds">' +
+          r.seed_count + " fresh seeds: " + esc(r.seeds_text) + "</div>" : ""),
+          v.accuracy_delta != null ? "best " + deltaText(v.accuracy_delta) : "") +
         cell(fmtInt(r.steps), ratioText(v.steps_ratio, "")) +
         cell(fmtDuration(r.wall_time_s), ratioText(v.wall_time_ratio, "")) +
         cell(fmtBatch(r.mean_batch_size), sizeText(v.mean_batch_size_ratio)) +

@@ -34,7 +34,7 @@ SPEC_YAML = """\
 task: digits
 name: seeded
 schedule: {total_epochs: 4}
-budget: {trials: 6}
+budget: {trials: 6, seed_runs: 0}
 """
 
 ClientFactory = Callable[..., Any]

@@ -12,6 +12,7 @@ running study updating without a reload. The study page is saved as
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import socket
@@ -28,6 +29,7 @@ import pytest
 from tuner.baselines import build_baselines
 from tuner.objectives import StudyObjective, TrialOutcome, summarize
 from tuner.schedule import Schedule
+from tuner.seeds import finalists, fresh_seeds, seed_stats
 from tuner.space import ScheduleSpace
 from tuner.spec import StudySpec, TaskDefaults
 from tuner.store import StudyStore, TrialRecord, TrialStatus
@@ -345,9 +347,28 @@ def seed_database(url: str) -> Seeded:
             if plan.status is TrialStatus.COMPLETED and (best is None or plan.curve[-1] > best[0]):
                 best = (plan.curve[-1], plan.number)
                 store.set_best(study.id, trial_id, plan.curve[-1])
+        # The finalists' seed runs: each a little under its search run, in the same order.
+        seeds = fresh_seeds(spec.seed, 3)
+        seed_runs = [
+            seed_stats(
+                f,
+                {
+                    s: dataclasses.replace(f, val_accuracy=acc, values=(acc,))
+                    for s, acc in zip(
+                        seeds,
+                        [(f.val_accuracy or 0) - d for d in (0.003, 0.001, 0.005)],
+                        strict=True,
+                    )
+                },
+                seeds,
+            )
+            for f in finalists(outcomes, objective, 2)
+        ]
         summary = summarize(
             outcomes,
             objective,
+            seed_runs=seed_runs,
+            seeds=seeds,
             extra={
                 "optuna_study": optuna_name,
                 "compute_epochs": 187.4,
@@ -358,6 +379,8 @@ def seed_database(url: str) -> Seeded:
         assert best is not None
         assert summary["best"]["number"] == best[1]
         assert plans[best[1]].baseline is None, "the scenario has a tuned schedule win"
+        best_id = store.get_trial(study.id, best[1]).id
+        store.set_best(study.id, best_id, summary["best"]["seeds"]["mean"])
         store.finish_study(study.id, "completed", summary=summary, worker_id="worker-a")
 
     live = StudySpec.from_yaml(RUNNING_SPEC)
@@ -521,8 +544,13 @@ def test_studies_page_lists_studies_and_refreshes_itself(server: Server, page: A
     assert "26 / 26" in finished.locator(".progress-text").inner_text()
     assert "3 / 12" in running.locator(".progress-text").inner_text()
     assert "1 running" in running.inner_text()
+    # The finished study's result is a mean over fresh seeds, and says so; the running
+    # study's best so far is the small-batch baseline, and says that.
     best_acc = max(p.curve[-1] for p in server.seeded.plans if p.status is TrialStatus.COMPLETED)
-    assert f"{best_acc * 100:.2f}%" in finished.locator(".best-cell").inner_text()
+    best_cell = " ".join(finished.locator(".best-cell").inner_text().split())
+    assert f"{(best_acc - 0.003) * 100:.2f}%" in best_cell
+    assert "mean of 3 fresh seeds" in best_cell
+    assert "small batch baseline" in running.locator(".best-cell").inner_text()
     assert "Live" in page.locator("#live-indicator").inner_text()
 
     # The running study's trial 3 finishes: the page refreshes itself (no reload).
@@ -629,7 +657,8 @@ def test_study_page_draws_every_chart(server: Server, page: Any) -> None:
     assert "Study completed" in page.locator("#study-banner").inner_text()
     assert page.locator("#study-search").inner_text() == (
         "Search: 187.4 trial-epochs trained (cooldown probes after epochs 1, 3, 9 included); "
-        "6 trials forked from shared prefixes, 21 epochs not trained again."
+        "3 finalists trained again on 3 fresh seeds (108.0 of those trial-epochs); the result "
+        "is the best mean; 6 trials forked from shared prefixes, 21 epochs not trained again."
     )
 
     # Back to steps for the screenshot (the front follows the toggle both ways).
@@ -779,6 +808,33 @@ def _ratio_phrase(best: float, base: float, noun: str) -> str:
     """How the best schedule's cost compares with a baseline's, as a user should read it."""
     ratio = best / base
     return f"{ratio:.1f}× more {noun}" if ratio > 1 else f"{1 / ratio:.1f}× fewer {noun}"
+
+
+def test_a_seed_robust_result_shows_its_mean_and_spread(server: Server, page: Any) -> None:
+    """The finished study picked its result on 3 fresh seeds: the headline card is that mean,
+    says so, and gives the spread; each finalist's row in the comparison table shows its
+    mean ± std over the seeds (the baselines that were not finalists show none)."""
+    seeded = server.seeded
+    with StudyStore(server.db_url) as store:
+        study = store.get_study(seeded.finished_id)
+    summary = study.summary
+    assert summary is not None
+    best = summary["best"]["seeds"]
+    assert study.best_value == best["mean"]
+    page.goto(f"{server.base_url}/studies/{seeded.finished_id}")
+    page.wait_for_selector("#comparison-table")
+    card = page.locator("#kpi-best")
+    assert "mean of 3 fresh seeds" in card.locator(".kpi-label").text_content()
+    assert f"{best['val_accuracy_mean'] * 100:.2f}" in card.locator(".kpi-value").inner_text()
+    spread = f"{best['val_accuracy_mean']:.4f} ± {best['val_accuracy_std']:.4f}"
+    assert spread in card.inner_text()
+    row = page.locator('#comparison-table tr[data-role="best"] .seeds')
+    assert " ".join(row.inner_text().split()) == f"3 fresh seeds: {spread}"
+    for base in summary["baselines"]:
+        if base["number"] == summary["best"]["number"]:
+            continue
+        cell = page.locator(f'#comparison-table tr[data-number="{base["number"]}"] .seeds')
+        assert cell.count() == (1 if base["seeds"] else 0)
 
 
 def test_headline_against_a_baseline_states_the_direction_of_the_table(

@@ -34,7 +34,11 @@ STUDIES = f"{API}/studies"
 TABLES = ("stagetune_studies", "stagetune_trials", "stagetune_trial_metrics")
 
 #: A small valid spec (digits, no baselines), the kind the crash tests queue.
-SPEC: dict[str, Any] = {"task": "digits", "baselines": False, "budget": {"trials": 4}}
+SPEC: dict[str, Any] = {
+    "task": "digits",
+    "baselines": False,
+    "budget": {"trials": 4, "seed_runs": 0},
+}
 
 
 def api_settings(

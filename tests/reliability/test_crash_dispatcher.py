@@ -59,7 +59,12 @@ SPEC = {
     # a fast idle machine (~0.1 s per epoch).
     "schedule": {"total_epochs": EPOCHS},
     "space": {"stages": {"min": 1, "max": 2}, "batch_size": {"min": 32, "max": 128}},
-    "budget": {"trials": BUDGET, "early_stopping": False, "max_concurrent": 1},
+    "budget": {
+        "trials": BUDGET,
+        "early_stopping": False,
+        "max_concurrent": 1,
+        "seed_runs": 0,
+    },
     "resources": {"workers": 1, "cpus_per_worker": 1},
 }
 

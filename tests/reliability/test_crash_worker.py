@@ -36,7 +36,13 @@ SPEC = {
     # reported, lands while the trial still trains even on a fast idle machine (~0.1 s/epoch).
     "schedule": {"total_epochs": 20},
     "space": {"stages": {"min": 1, "max": 1}, "batch_size": {"min": 32, "max": 32}},
-    "budget": {"trials": BUDGET, "early_stopping": False, "max_concurrent": 1, "max_failures": 0},
+    "budget": {
+        "trials": BUDGET,
+        "early_stopping": False,
+        "max_concurrent": 1,
+        "max_failures": 0,
+        "seed_runs": 0,
+    },
     "resources": {"workers": 2, "cpus_per_worker": 1},
 }
 

@@ -107,7 +107,13 @@ SPEC: dict[str, Any] = {
         "lr_multiplier": {"min": 1.0, "max": 1000.0},
         "warmup_epochs": {"min": 0.0, "max": 0.0},
     },
-    "budget": {"trials": BUDGET, "early_stopping": False, "max_failures": 0, "max_concurrent": 2},
+    "budget": {
+        "trials": BUDGET,
+        "early_stopping": False,
+        "max_failures": 0,
+        "max_concurrent": 2,
+        "seed_runs": 0,
+    },
     "resources": {"workers": 1, "cpus_per_worker": 1},
     "baselines": True,
 }

@@ -87,6 +87,9 @@ def make_fake_trainable() -> type:
                 gain = 0.0  # a schedule that does not learn (or not visibly, mid-run)
             self.acc += (1 - self.acc) * gain
             self.epoch += 1
+            lucky = self.cfg.get("fake_lucky")  # [number, seed]: one lucky run of a schedule
+            if lucky and [self.number, self.cfg["seed"]] == list(lucky):
+                self.acc = 0.999
             time.sleep(float(self.cfg.get("fake_delay_s", 0.02)))
             log = self.cfg.get("fake_log")
             if log:  # one line per trained epoch
@@ -152,7 +155,8 @@ SPEC = """
 task: digits
 schedule: {total_epochs: 4}
 space: {stages: {min: 1, max: 3}, batch_size: {min: 32, max: 512}}
-budget: {trials: 8, grace_period_epochs: 1, reduction_factor: 2, max_failures: 0}
+budget: {trials: 8, grace_period_epochs: 1, reduction_factor: 2, max_failures: 0,
+         seed_runs: 0}
 """
 
 
@@ -298,7 +302,7 @@ task: digits
 schedule: {total_epochs: 6}
 space: {stages: {min: 2, max: 3}, batch_size: {min: 32, max: 512}}
 budget: {trials: 14, grace_period_epochs: 1, reduction_factor: 2, max_failures: 0,
-         startup_trials: 3, prefix_reuse: 0.8}
+         startup_trials: 3, prefix_reuse: 0.8, seed_runs: 0}
 """
     result = engine(tmp_path, text).run()
     assert len(result.outcomes) == 14
@@ -356,7 +360,7 @@ def test_should_stop_cancels_the_experiment(ray_session: None, tmp_path: Path) -
 def test_a_finished_experiment_is_restored_not_rerun(ray_session: None, tmp_path: Path) -> None:
     text = (
         "task: digits\nschedule: {total_epochs: 2}\nbaselines: false\n"
-        "budget: {trials: 3, early_stopping: false}"
+        "budget: {trials: 3, early_stopping: false, seed_runs: 0}"
     )
     first = engine(tmp_path, text).run()
     assert not first.resumed
@@ -368,6 +372,46 @@ def test_a_finished_experiment_is_restored_not_rerun(ray_session: None, tmp_path
     assert [(o.number, o.val_accuracy) for o in again.outcomes] == [
         (o.number, o.val_accuracy) for o in first.outcomes
     ]
+    assert again.summary["best"] == first.summary["best"]
+
+
+def test_the_result_is_picked_on_fresh_seeds_and_a_rerun_restores_the_seed_runs(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """One lucky run (Goyal's large batch on the study seed) wins the search, but the finalists
+    train again on two fresh seeds and the result is the best mean; running the finished
+    study again trains nothing (the seed runs' experiment is restored too)."""
+    text = (
+        "task: digits\nschedule: {total_epochs: 2}\n"
+        "budget: {trials: 5, early_stopping: false, seed_runs: 2, finalists: 2}"
+    )
+    lucky = {"fake_lucky": [1, 0]}
+    first = engine(tmp_path, text, trial_config=lucky).run()
+    seeded = first.summary["seed_runs"]
+    assert seeded["search_pick"] == 1  # the lucky run is the best single run
+    tuned = sorted(
+        (o for o in first.outcomes if o.baseline is None),
+        key=lambda o: (-(o.val_accuracy or 0), o.steps, o.number),
+    )
+    assert [f["number"] for f in seeded["finalists"]] == [tuned[0].number, tuned[1].number, 1]
+    assert len(seeded["seeds"]) == 2
+    assert 0 not in seeded["seeds"]
+    by_number = {f["number"]: f for f in seeded["finalists"]}
+    assert by_number[1]["mean"] < 0.9  # not lucky on the fresh seeds
+    best = max(seeded["finalists"], key=lambda f: (f["mean"], -f["number"]))
+    assert first.summary["best"]["number"] == seeded["picked"] == best["number"] != 1
+    assert first.summary["best"]["seeds"] == best
+    assert "best mean over 2 fresh seeds" in first.summary["note"]
+    # Each finalist trained its 2 epochs on each fresh seed, after the 5 search trials.
+    trained = epochs_trained(tmp_path)
+    assert len(trained) == 5 * 2 + 3 * 2 * 2
+    assert sorted(trained[10:]) == sorted([tuned[0].number, tuned[1].number, 1] * 4)
+    assert first.summary["compute_epochs"] == 5 * 2 + 3 * 2 * 2
+    assert seeded["compute_epochs"] == 3 * 2 * 2
+
+    again = engine(tmp_path, text, trial_config=lucky).run()
+    assert epochs_trained(tmp_path) == trained  # nothing trained again
+    assert again.summary["seed_runs"] == seeded
     assert again.summary["best"] == first.summary["best"]
 
 
@@ -391,7 +435,7 @@ def test_without_its_experiment_directory_a_study_finishes_from_the_database(
     finished trials count and are not rerun, the interrupted one runs again as it was."""
     text = (
         "task: digits\nschedule: {total_epochs: 2}\nbaselines: false\n"
-        "budget: {trials: 5, early_stopping: false}"
+        "budget: {trials: 5, early_stopping: false, seed_runs: 0}"
     )
     first = engine(tmp_path, text).run()
     by_number = {o.number: o for o in first.outcomes}
@@ -467,7 +511,7 @@ def test_an_unreadable_experiment_is_set_aside_and_the_study_finishes_from_the_d
 ) -> None:
     text = (
         "task: digits\nschedule: {total_epochs: 2}\nbaselines: false\n"
-        "budget: {trials: 3, early_stopping: false}"
+        "budget: {trials: 3, early_stopping: false, seed_runs: 0}"
     )
     first = engine(tmp_path, text).run()
     experiment = tmp_path / "ray" / "study-1"

@@ -19,7 +19,11 @@ from tuner.store import StudyStatus, StudyStore, TrialStatus
 from tuner.store.migrate import upgrade
 from workers.dispatcher import Dispatcher, Heartbeat
 
-SPEC: dict[str, Any] = {"task": "digits", "baselines": False, "budget": {"trials": 1}}
+SPEC: dict[str, Any] = {
+    "task": "digits",
+    "baselines": False,
+    "budget": {"trials": 1, "seed_runs": 0},
+}
 SCHEDULE = Schedule(stages=(Stage(0, 1, 32),), base_lr=0.1, base_batch_size=32).to_dict()
 
 

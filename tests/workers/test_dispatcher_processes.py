@@ -82,7 +82,7 @@ def quick_spec(name: str, **extra: Any) -> StudySpec:
             "baselines": False,
             "schedule": {"total_epochs": 1},
             "space": {"stages": {"min": 1, "max": 1}},
-            "budget": {"trials": 1, "grace_period_epochs": 1},
+            "budget": {"trials": 1, "grace_period_epochs": 1, "seed_runs": 0},
             "resources": {"workers": 1, "cpus_per_worker": 1},
             **extra,
         }

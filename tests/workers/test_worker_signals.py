@@ -27,7 +27,12 @@ def test_sigterm_mid_study_gives_the_study_back(
     upgrade(sqlite_url)
     spec = quick_spec("sigterm").to_dict()
     spec["schedule"] = {"total_epochs": 4}
-    spec["budget"] = {"trials": 20, "max_concurrent": 1, "grace_period_epochs": 4}
+    spec["budget"] = {
+        "trials": 20,
+        "max_concurrent": 1,
+        "grace_period_epochs": 4,
+        "seed_runs": 0,
+    }
     with StudyStore(sqlite_url) as store:
         study_id = submit(store, StudySpec.from_dict(spec))
         proc = subprocess.Popen(

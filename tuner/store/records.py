@@ -91,6 +91,8 @@ class StudyRecord:
     trials_done: int
     """Trials in a finished state (completed, stopped, diverged or failed)."""
     trials_running: int
+    best_trial_baseline: str | None = None
+    """The baseline the best trial is (``None``: a tuned trial, or no best yet)."""
 
     @property
     def is_finished(self) -> bool:

@@ -360,11 +360,15 @@ def _study_query() -> Any:
     )
     best = TrialRow.__table__.alias("best")
     best_number = select(best.c.number).where(best.c.id == StudyRow.best_trial_id).scalar_subquery()
+    best_baseline = (
+        select(best.c.baseline).where(best.c.id == StudyRow.best_trial_id).scalar_subquery()
+    )
     return select(
         *StudyRow.__table__.c,
         total.label("trials_total"),
         running.label("trials_running"),
         best_number.label("best_trial_number"),
+        best_baseline.label("best_trial_baseline"),
     )
 
 
@@ -503,6 +507,7 @@ class StudyStore:
             error=row.error,
             best_trial_id=row.best_trial_id,
             best_trial_number=row.best_trial_number,
+            best_trial_baseline=row.best_trial_baseline,
             best_value=row.best_value,
             summary=row.summary,
             trials_done=row.trials_total - row.trials_running,

@@ -1,0 +1,104 @@
+"""Seed-robust picks: which trials are finalists, how their seed runs are summed up, and
+which one the study reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.objectives import StudyObjective, TrialOutcome, summarize
+from tuner.seeds import SeedStats, finalists, fresh_seeds, pick, seed_stats, seed_text
+from tuner.spec import StudySpec
+
+
+def objective(text: str = "task: digits") -> StudyObjective:
+    return StudyObjective.of(StudySpec.from_yaml(text), 4)
+
+
+def outcome(number: int, acc: float, *, baseline: str | None = None, **kw: object) -> TrialOutcome:
+    return TrialOutcome(
+        number=number,
+        baseline=baseline,
+        schedule={},
+        status=kw.pop("status", "completed"),  # type: ignore[arg-type]
+        epochs_done=4,
+        val_accuracy=acc,
+        steps=int(kw.pop("steps", 100)),  # type: ignore[call-overload]
+        values=(acc,),
+        extra={"compute_epochs": 4.0},
+    )
+
+
+def test_fresh_seeds_never_include_the_study_seed() -> None:
+    for seed in (0, 1, 7919, 123456):
+        seeds = fresh_seeds(seed, 5)
+        assert len(set(seeds)) == 5
+        assert seed not in seeds
+    assert fresh_seeds(3, 0) == []
+
+
+def test_finalists_are_the_best_tuned_runs_then_the_best_baseline() -> None:
+    obj = objective()
+    outcomes = [
+        outcome(0, 0.95, baseline="small_batch"),
+        outcome(1, 0.97, baseline="large_batch"),
+        outcome(3, 0.96),
+        outcome(4, 0.99, status="stopped"),  # not eligible: ASHA stopped it
+        outcome(5, 0.98),
+        outcome(6, 0.96, steps=50),  # ties trial 3 with fewer steps
+    ]
+    assert [o.number for o in finalists(outcomes, obj, 2)] == [5, 6, 1]
+    pareto = objective("task: digits\nobjective: {kind: pareto, cost: steps}")
+    assert finalists(outcomes, pareto, 2) == []
+
+
+def test_the_pick_is_the_best_mean_and_failed_runs_count_against_a_schedule() -> None:
+    obj = objective()
+    lucky, steady = outcome(5, 0.99), outcome(6, 0.97)
+    stats = [
+        seed_stats(lucky, {10: outcome(5, 0.90), 11: outcome(5, 0.92)}, [10, 11]),
+        seed_stats(steady, {10: outcome(6, 0.96), 11: outcome(6, 0.97)}, [10, 11]),
+    ]
+    assert stats[0].mean == pytest.approx(0.91)
+    assert stats[1].std == pytest.approx(0.00707, abs=1e-4)
+    assert pick(stats, obj) is stats[1]
+    # A schedule whose run on one seed diverged ranks below one that completed all of them.
+    broken = seed_stats(
+        outcome(7, 0.99), {10: outcome(7, 0.995), 11: outcome(7, 0.5, status="diverged")}, [10, 11]
+    )
+    assert broken.failed == 1
+    assert broken.values == (0.995, None)
+    assert pick([broken, *stats], obj) is stats[1]
+    assert seed_text(broken.to_dict()) == "0.9950 ± 0.0000 (1 of 2 runs did not complete)"
+    assert seed_text(None) == "-"
+    # A time-to-accuracy study minimises its value.
+    tta = objective("task: digits\nobjective: {kind: time_to_accuracy, target_accuracy: 0.9}")
+    fast = SeedStats(1, None, (1, 2), (100.0, 120.0), (0.9, 0.9), 8.0)
+    slow = SeedStats(2, None, (1, 2), (200.0, 90.0), (0.9, 0.9), 8.0)
+    assert pick([slow, fast], tta) is fast
+
+
+def test_the_summary_reports_the_seed_pick_with_its_spread() -> None:
+    obj = objective()
+    lucky = outcome(1, 0.999, baseline="large_batch")
+    steady = outcome(5, 0.97)
+    outcomes = [outcome(0, 0.95, baseline="small_batch"), lucky, steady]
+    stats = [
+        seed_stats(steady, {10: outcome(5, 0.96), 11: outcome(5, 0.98)}, [10, 11]),
+        seed_stats(lucky, {10: outcome(1, 0.90), 11: outcome(1, 0.91)}, [10, 11]),
+    ]
+    summary = summarize(outcomes, obj, seed_runs=stats, seeds=[10, 11])
+    assert summary["best"]["number"] == 5
+    assert not summary["best_is_baseline"]
+    assert summary["best"]["seeds"]["val_accuracy_mean"] == pytest.approx(0.97)
+    assert summary["seed_runs"]["search_pick"] == 1
+    assert summary["seed_runs"]["picked"] == 5
+    assert summary["seed_runs"]["compute_epochs"] == 16.0
+    assert summary["note"] == "the result is tuned trial 5 (best mean over 2 fresh seeds)"
+    large = next(b for b in summary["baselines"] if b["baseline"] == "large_batch")
+    assert large["vs_best"]["accuracy_mean_delta"] == pytest.approx(0.97 - 0.905)
+    small = next(b for b in summary["baselines"] if b["baseline"] == "small_batch")
+    assert small["seeds"] is None
+    # Without seed runs the best single run is the result, as before.
+    plain = summarize(outcomes, obj)
+    assert plain["best"]["number"] == 1
+    assert plain["seed_runs"] is None
