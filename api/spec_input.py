@@ -179,6 +179,10 @@ def _load_yaml(text: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
+        if "maximum nesting depth" in problem:
+            # libyaml (0.2.5 and later) scans a flow collection's tokens ahead and stops a
+            # nesting bomb itself, before an event reaches the depth check.
+            raise _too_deep() from None
         raise _invalid(f"body is not valid YAML{where}: {problem}", kind="yaml_invalid") from None
     finally:
         loader.dispose()
