@@ -7,6 +7,7 @@ accident.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
 
@@ -70,10 +71,20 @@ class Progress(Schema):
 
 class BestTrial(Schema):
     number: int
-    value: float | None = Field(description="The objective value of the best trial so far.")
+    value: float | None = Field(
+        description="The objective value of the best trial so far; for a result picked on "
+        "fresh seeds, its mean over them (see `seeds`, `std`)."
+    )
     schedule_summary: str | None = Field(
         None, description="The best schedule in one line, e.g. '64@0-3 -> 256@3-8'."
     )
+    baseline: str | None = Field(
+        None, description="The baseline the best trial is (null: a tuned schedule)."
+    )
+    seeds: int | None = Field(
+        None, description="Fresh seeds `value` is the mean over (null: one run)."
+    )
+    std: float | None = Field(None, description="Standard deviation of `value` over the seeds.")
 
 
 class StudyOut(Schema):
@@ -114,10 +125,18 @@ class StudyDetail(StudyOut):
 def _study_fields(study: StudyRecord, schedule_summary: str | None) -> dict[str, Any]:
     best = None
     if study.best_trial_number is not None:
+        seeds: Mapping[str, Any] = {}
+        doc = (study.summary or {}).get("best")
+        if isinstance(doc, Mapping) and doc.get("number") == study.best_trial_number:
+            found = doc.get("seeds")
+            seeds = found if isinstance(found, Mapping) else {}
         best = BestTrial(
             number=study.best_trial_number,
             value=study.best_value,
             schedule_summary=schedule_summary,
+            baseline=study.best_trial_baseline,
+            seeds=len(seeds["seeds"]) if seeds.get("seeds") else None,
+            std=seeds.get("std") if seeds.get("seeds") else None,
         )
     return {
         "id": study.id,

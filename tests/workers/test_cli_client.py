@@ -448,6 +448,9 @@ def test_submit_wait_against_serve_prints_progress_and_the_best_schedule(tmp_pat
         progress = [line for line in done.stderr.splitlines() if line.startswith("study ")]
         assert any(f"study {study_id}: running, trials" in line for line in progress)
         assert progress[-1].startswith(f"study {study_id} completed; best ")
+        # The result was picked on fresh seeds (the default), and the line says so.
+        assert "mean of 3 fresh seeds" in progress[-1]
+        assert " ± " in progress[-1]
         schedule = Schedule.from_yaml(done.stdout)
         assert schedule.total_epochs == 6
     finally:

@@ -209,13 +209,22 @@ def _progress(study: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def best_text(study: Mapping[str, Any]) -> str:
-    """``0.9412 (trial 3: 64@0-3 -> 256@3-8)``, or ``-`` before any trial finished."""
+    """``0.9412 (trial 3: 64@0-3 -> 256@3-8)``, ``0.9733 ± 0.0021 (mean of 3 fresh seeds,
+    trial 0, small_batch baseline: 32@0-4)``, or ``-`` before any trial finished."""
     best = study.get("best")
     if not isinstance(best, Mapping):
         return "-"
     value = best.get("value")
     text = f"{value:.4g}" if isinstance(value, int | float) else "n/a"
+    std, seeds = best.get("std"), best.get("seeds")
     where = f"trial {best.get('number')}"
+    if isinstance(seeds, int) and seeds:
+        text = f"{value:.4f}" if isinstance(value, int | float) else "n/a"
+        if isinstance(std, int | float):
+            text += f" ± {std:.4f}"
+        where = f"mean of {seeds} fresh seeds, {where}"
+    if best.get("baseline"):
+        where += f", {best['baseline']} baseline"
     if best.get("schedule_summary"):
         where += f": {best['schedule_summary']}"
     return f"{text} ({where})"
