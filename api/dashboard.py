@@ -266,7 +266,20 @@ def _page_data(
     curves = read_curves(store, study_id)
     study = store.get_study(study_id)
     now = datetime.now(UTC)
-    data = dd.study_page_data(study, trials, curves, now=now, since=since)
+    small = next((t for t in trials if t.baseline == "small_batch"), None)
+    noise = (
+        [(m.epoch, m.noise_scale) for m in store.trial_metrics(small.id)]
+        if small is not None
+        else []
+    )
+    data = dd.study_page_data(
+        study,
+        trials,
+        curves,
+        now=now,
+        since=since,
+        noise=dd.NoiseCurve(small.number, noise) if small is not None else None,
+    )
     data["links"] = {
         "study_api": f"{API_PREFIX}/studies/{study_id}",
         "best_yaml": f"{API_PREFIX}/studies/{study_id}/schedule.yaml",

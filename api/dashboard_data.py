@@ -18,6 +18,7 @@ import math
 import threading
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -39,6 +40,7 @@ __all__ = [
     "CHANGE_MARGIN",
     "MIN_IMPORTANCE_TRIALS",
     "Curve",
+    "NoiseCurve",
     "best_detail",
     "compact_curve",
     "comparison_rows",
@@ -64,6 +66,7 @@ BASELINE_LABELS: Final[Mapping[str, str]] = {
     "small_batch": "small batch",
     "large_batch": "large batch (Goyal)",
     "increase_batch": "increase batch (Smith)",
+    "noise_scale": "noise scale (McCandlish)",
 }
 
 #: An incremental poll (``since``) re-sends trials finished this long before ``since``
@@ -404,6 +407,7 @@ def _comparison_row(source: Mapping[str, Any], role: str) -> dict[str, Any]:
         "role": role,
         "number": source.get("number"),
         "baseline": source.get("baseline"),
+        "candidate": source.get("candidate"),
         "summary": source.get("schedule_summary") or source.get("summary"),
         "status": source.get("status"),
     }
@@ -430,6 +434,11 @@ def comparison_rows(study: StudyRecord, trials: Iterable[TrialRecord]) -> list[d
     if isinstance(best_doc, Mapping) and isinstance(baselines_doc, list):
         best = _comparison_row(best_doc, "best")
         bases = [_comparison_row(b, "baseline") for b in baselines_doc if isinstance(b, Mapping)]
+        for doc in summary.get("candidates") or []:
+            if isinstance(doc, Mapping):
+                row = _comparison_row(doc, "candidate")
+                row["candidate"] = doc.get("candidate")
+                bases.append(row)
     else:
         by_number = {t.number: t for t in trials}
         best_trial = (
@@ -495,6 +504,28 @@ def _changed_since(trial: TrialRecord, since: datetime) -> bool:
     return trial.finished_at >= since - CHANGE_MARGIN
 
 
+@dataclass(frozen=True)
+class NoiseCurve:
+    """The gradient noise scale a trial measured per epoch (the small-batch baseline's: the
+    noise-scale candidate follows it)."""
+
+    number: int
+    points: Sequence[tuple[int, float | None]]
+
+    def to_dict(self) -> dict[str, Any] | None:
+        """Columns for the schedule chart: ``epoch`` is the middle of the epoch it was
+        measured in (the batch picture's axis counts epochs from 0); ``None`` without any
+        finite value."""
+        pts = [(e, v) for e, v in self.points if v is not None and math.isfinite(v) and v > 0]
+        if not pts:
+            return None
+        return {
+            "trial": self.number,
+            "epoch": [e + 0.5 for e, _ in pts],
+            "value": [round(v, 3) for _, v in pts],
+        }
+
+
 def study_page_data(
     study: StudyRecord,
     trials: Sequence[TrialRecord],
@@ -502,6 +533,7 @@ def study_page_data(
     *,
     now: datetime,
     since: datetime | None = None,
+    noise: NoiseCurve | None = None,
 ) -> dict[str, Any]:
     """Everything the study page draws, in one JSON-ready mapping.
 
@@ -531,6 +563,7 @@ def study_page_data(
         "trials": [trial_row(t) for t in shown],
         "curves": {str(t.number): compact_curve(curves.get(t.number, ())) for t in shown},
         "schedules": pictures,
+        "noise_scale": None if noise is None else noise.to_dict(),
         "comparison": comparison_rows(study, trials),
     }
 

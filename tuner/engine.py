@@ -367,6 +367,7 @@ def outcome_of(
             "optuna_trial": meta.optuna_trial,
             "compute_epochs": compute,
             "forked_epochs": int(forked or 0),
+            "candidate": meta.candidate,
         },
     )
 
@@ -701,6 +702,38 @@ class TuningEngine:
             "epochs_reused": sum(forked),
         }
 
+    def noise_candidate_note(self) -> str | None:
+        """Why this study gets no noise-scale candidate (``None``: it does, once the
+        small-batch baseline has run)."""
+        spec = self.resolved.spec
+        if not spec.budget.noise_candidate:
+            return "off (budget.noise_candidate: false)"
+        if not self.baselines:
+            return "it follows the small-batch baseline's measurements; baselines are off"
+        if self.objective.is_multi:
+            return "single-objective studies only"
+        if spec.resources.workers == 1 and spec.resources.micro_batch is None:
+            return (
+                "the small-batch baseline cannot measure the gradient noise scale on one "
+                "worker without gradient accumulation; use 2 or more workers or set "
+                "resources.micro_batch"
+            )
+        return None
+
+    def _noise_summary(self, outcomes: Sequence[TrialOutcome]) -> dict[str, Any]:
+        cand = next((o for o in outcomes if o.extra.get("candidate") == "noise_scale"), None)
+        if cand is not None:
+            return {"number": cand.number, "schedule": cand.summary, "note": None}
+        note = self.noise_candidate_note()
+        if note is None:
+            small = next((o for o in outcomes if o.baseline == "small_batch"), None)
+            note = (
+                "the small-batch baseline did not finish"
+                if small is None or small.status != "completed"
+                else "the noise scale it measured gives no schedule of the space (see the log)"
+            )
+        return {"number": None, "schedule": None, "note": note}
+
     def make_searcher(self) -> ScheduleSearcher:
         spec = self.resolved.spec
         return ScheduleSearcher(
@@ -717,6 +750,7 @@ class TuningEngine:
             live_key=self.live_key,
             prior=self.prior_trials,
             prefix_reuse=spec.budget.prefix_reuse if spec.budget.prefix_store_mb > 0 else 0.0,
+            noise_candidate=self.noise_candidate_note() is None,
         )
 
     @property
@@ -955,6 +989,7 @@ class TuningEngine:
                 if self.probes
                 else None,
                 "prefixes": self._prefix_summary(outcomes),
+                "noise_candidate": self._noise_summary(outcomes),
                 # Trial-epochs this run trained, cooldown probes and seed runs included
                 # (trials the database held as finished before a take-over count theirs).
                 "search_compute_epochs": round(compute, 3),

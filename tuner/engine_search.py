@@ -37,6 +37,7 @@ is trained. :class:`ScheduleSearcher` drives Optuna's ask/tell interface itself:
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 import random
 import time
@@ -52,6 +53,7 @@ from ray.tune.search import Searcher
 
 from tuner.baselines import Baseline
 from tuner.errors import StagetuneError
+from tuner.noise_candidate import NOISE_SCALE, noise_scale_schedule
 from tuner.objectives import StudyObjective, TrialOutcome
 from tuner.schedule import Schedule
 from tuner.space import ScheduleSpace, constraint_violations
@@ -80,6 +82,7 @@ MAX_DRAWS: Final = 200
 
 _NUMBER_ATTR: Final = "stagetune_number"
 _SCHEDULE_ATTR: Final = "stagetune_schedule"
+_CANDIDATE_ATTR: Final = "stagetune_candidate"
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class TrialMeta:
     params: dict[str, Any]
     optuna_trial: int | None = None  # Optuna's trial number
     optuna_trial_id: int | None = None  # Optuna's storage id
+    candidate: str | None = None  # a tuned trial the engine built (e.g. "noise_scale")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,6 +103,7 @@ class TrialMeta:
             "params": self.params,
             "optuna_trial": self.optuna_trial,
             "optuna_trial_id": self.optuna_trial_id,
+            "candidate": self.candidate,
         }
 
     @classmethod
@@ -112,6 +117,7 @@ class TrialMeta:
             params=dict(raw.get("params") or {}),
             optuna_trial=raw.get("optuna_trial"),
             optuna_trial_id=raw.get("optuna_trial_id"),
+            candidate=raw.get("candidate"),
         )
 
 
@@ -246,8 +252,14 @@ class ScheduleSearcher(Searcher):
         live_key: str | None = None,
         prior: Sequence[PriorTrial] = (),
         prefix_reuse: float = 0.0,
+        noise_candidate: bool = False,
     ) -> None:
         super().__init__(metric=None, mode=None)
+        # The noise-scale candidate (tuner.noise_candidate): the small-batch baseline's noise
+        # scale per epoch, then the candidate's Optuna params until it is drawn.
+        self._noise_candidate = noise_candidate and not objective.is_multi
+        self._noise: dict[int, float] = {}
+        self._candidate: dict[str, Any] | None = None
         if not 0.0 <= prefix_reuse < 1.0:
             raise ValueError(f"prefix_reuse must be in [0, 1), not {prefix_reuse}")
         self._prefix_reuse = 0.0 if objective.is_multi else prefix_reuse
@@ -349,7 +361,15 @@ class ScheduleSearcher(Searcher):
         schedule, trial = self._draw(number)
         params = dict(trial.params)
         # The storage id lets later reports address the trial without a live Trial object.
-        meta = TrialMeta(number, None, params, trial.number, trial._trial_id)
+        candidate = trial.user_attrs.get(_CANDIDATE_ATTR)
+        meta = TrialMeta(
+            number,
+            None,
+            params,
+            trial.number,
+            trial._trial_id,
+            candidate if isinstance(candidate, str) else None,
+        )
         schedule_dict = schedule.to_dict()
         # The schedule first: a process killed between the two writes leaves a trial without
         # a number, which a resume closes and draws again. The other way round it would leave
@@ -373,12 +393,20 @@ class ScheduleSearcher(Searcher):
             self._refill[number] = (meta, schedule_dict)
         for p in prior:
             if not p.finished and p.number not in known:
-                params = {k: v for k, v in p.params.items() if k != "optuna_trial"}
+                params = {
+                    k: v for k, v in p.params.items() if k not in ("optuna_trial", "candidate")
+                }
                 ot = p.params.get("optuna_trial")
+                candidate = p.params.get("candidate")
                 previous = self._refill.get(p.number)
                 ot_id = previous[0].optuna_trial_id if previous else None
                 meta = TrialMeta(
-                    p.number, p.baseline, params, ot if isinstance(ot, int) else None, ot_id
+                    p.number,
+                    p.baseline,
+                    params,
+                    ot if isinstance(ot, int) else None,
+                    ot_id,
+                    candidate if isinstance(candidate, str) else None,
                 )
                 self._refill[p.number] = (meta, p.schedule)
         high = max([self._next_number, *(n + 1 for n in self._refill), *(n + 1 for n in known)])
@@ -395,7 +423,10 @@ class ScheduleSearcher(Searcher):
     def _draw(self, number: int) -> tuple[Schedule, optuna.Trial]:
         study = self.study
         for attempt in range(MAX_DRAWS):
-            if attempt < 3:
+            if attempt == 0 and self._candidate is not None:
+                self.study.enqueue_trial(self._candidate, user_attrs={_CANDIDATE_ATTR: NOISE_SCALE})
+                self._candidate = None
+            elif attempt < 3:
                 self._enqueue_prefix(number, attempt)
             trial = study.ask()
             schedule = self._space.sample(trial)
@@ -460,13 +491,8 @@ class ScheduleSearcher(Searcher):
         )
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
-        step = result.get("training_iteration")
-        if isinstance(step, int):
-            reached, score, at = self._progress.get(trial_id, (0, None, 0))
-            value = result.get("score")
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                score, at = float(value), step
-            self._progress[trial_id] = (max(reached, step), score, at)
+        self._record_noise(trial_id, result)
+        self._track(trial_id, result)
         meta = self._trials.get(trial_id)
         if meta is None or meta.optuna_trial_id is None or self._objective.is_multi:
             return
@@ -493,6 +519,12 @@ class ScheduleSearcher(Searcher):
         if meta is None or trial_id in self._finished:
             return
         self._finished.add(trial_id)
+        if result and not error:
+            self._track(trial_id, result)  # Tune hands the last result to this hook only
+        if meta.baseline == "small_batch" and self._noise_candidate and not error:
+            # Tune hands the last result to on_trial_complete only.
+            self._record_noise(trial_id, result or {})
+            self._plan_noise_candidate()
         if meta.optuna_trial is None:
             return  # a baseline
         state, values = self._outcome(result, error)
@@ -516,6 +548,50 @@ class ScheduleSearcher(Searcher):
             return TrialState.PRUNED, None
         return TrialState.COMPLETE, list(values)
 
+    def _track(self, trial_id: str, result: Mapping[str, Any]) -> None:
+        """A trial's furthest epoch and latest score (the parents of prefix reuse)."""
+        step = result.get("training_iteration")
+        if isinstance(step, int):
+            reached, score, at = self._progress.get(trial_id, (0, None, 0))
+            value = result.get("score")
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                score, at = float(value), step
+            self._progress[trial_id] = (max(reached, step), score, at)
+
+    def _record_noise(self, trial_id: str, result: Mapping[str, Any]) -> None:
+        meta = self._trials.get(trial_id)
+        if not self._noise_candidate or meta is None or meta.baseline != "small_batch":
+            return
+        step, noise = result.get("training_iteration"), result.get("noise_scale")
+        if isinstance(step, int) and isinstance(noise, int | float) and math.isfinite(noise):
+            self._noise[step - 1] = float(noise)
+
+    def _plan_noise_candidate(self) -> None:
+        """Once the small-batch baseline has finished: its noise-scale curve as a schedule of
+        the space, drawn by the next tuned trial (unless one was drawn before a restart)."""
+        self._noise_candidate = False  # one candidate per study
+        if any(m.candidate == NOISE_SCALE for m in self._trials.values()):
+            return
+        drawn = self.study.get_trials(deepcopy=False)
+        if any(t.user_attrs.get(_CANDIDATE_ATTR) == NOISE_SCALE for t in drawn):
+            return
+        epochs = self._space.total_epochs
+        schedule = noise_scale_schedule(self._space, [self._noise.get(e) for e in range(epochs)])
+        if schedule is None:
+            log.info("no noise-scale candidate: the small-batch baseline measured no noise scale")
+            return
+        params = self._space.params_for(schedule)
+        if params is None:
+            log.info("no noise-scale candidate: %s is not in the space", schedule.summary())
+            return
+        log.info("noise-scale candidate: %s", schedule.summary())
+        self._candidate = params
+
+    @property
+    def noise_scale(self) -> dict[int, float]:
+        """The small-batch baseline's noise scale per epoch, as seen so far."""
+        return dict(self._noise)
+
     # ------------------------------------------------------------------ resume
 
     def _orphans(self, known: set[int]) -> list[tuple[int, TrialMeta, dict[str, Any]]]:
@@ -532,7 +608,15 @@ class ScheduleSearcher(Searcher):
             number = frozen.user_attrs.get(_NUMBER_ATTR)
             schedule = frozen.user_attrs.get(_SCHEDULE_ATTR)
             if isinstance(number, int) and isinstance(schedule, dict) and number not in known:
-                meta = TrialMeta(number, None, dict(frozen.params), frozen.number, frozen._trial_id)
+                candidate = frozen.user_attrs.get(_CANDIDATE_ATTR)
+                meta = TrialMeta(
+                    number,
+                    None,
+                    dict(frozen.params),
+                    frozen.number,
+                    frozen._trial_id,
+                    candidate if isinstance(candidate, str) else None,
+                )
                 out.append((number, meta, schedule))
             else:  # never issued, or finished in the database already: close it
                 self.study.tell(frozen.number, state=TrialState.FAIL, skip_if_finished=True)
@@ -545,6 +629,11 @@ class ScheduleSearcher(Searcher):
             "finished": sorted(self._finished),
             "reported": dict(self._reported),
             "progress": {k: list(v) for k, v in self._progress.items()},
+            "noise": {
+                "wanted": self._noise_candidate,
+                "curve": dict(self._noise),
+                "params": self._candidate,
+            },
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -559,6 +648,10 @@ class ScheduleSearcher(Searcher):
             k: (int(v[0]), None if v[1] is None else float(v[1]), int(v[2]))
             for k, v in state.get("progress", {}).items()
         }
+        noise = state.get("noise") or {}
+        self._noise_candidate = bool(noise.get("wanted", self._noise_candidate))
+        self._noise = {int(k): float(v) for k, v in (noise.get("curve") or {}).items()}
+        self._candidate = noise.get("params")
         self._plan = None  # plan the remaining numbers again before the next suggestion
         self._study = None
 

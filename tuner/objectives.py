@@ -372,6 +372,14 @@ def summarize(
                     None if mine is None or theirs is None else theirs - mine
                 )
         out["baselines"].append(row)
+    # Tuned trials the engine built (the noise-scale candidate), compared like the baselines.
+    out["candidates"] = []
+    for cand in sorted((o for o in outcomes if o.extra.get("candidate")), key=lambda o: o.number):
+        row = _with_seeds(cand.to_dict(objective), by_number)
+        row["candidate"] = cand.extra["candidate"]
+        if best is not None:
+            row["vs_best"] = _compare(best, cand)
+        out["candidates"].append(row)
     if objective.is_multi:
         out["pareto_front"] = [o.to_dict(objective) for o in pareto_front(outcomes, objective)]
     if extra:
@@ -443,6 +451,13 @@ def search_text(summary: Mapping[str, Any]) -> str:
             f"seed{'s' if n_seeds != 1 else ''} ({float(seeded.get('compute_epochs') or 0):,.1f} "
             "of those trial-epochs); the result is the best mean"
         )
+    noise = summary.get("noise_candidate")
+    if isinstance(noise, Mapping) and noise.get("number") is not None:
+        parts.append(
+            f"noise-scale candidate: trial {noise['number']} ({noise.get('schedule') or '?'})"
+        )
+    elif isinstance(noise, Mapping) and noise.get("note"):
+        parts.append(f"no noise-scale candidate: {noise['note']}")
     prefixes = summary.get("prefixes")
     if isinstance(prefixes, Mapping):
         forks, reused = int(prefixes.get("forks") or 0), int(prefixes.get("epochs_reused") or 0)

@@ -210,6 +210,8 @@ class StoreProgress(tune.Callback):
         params = dict(meta.params)
         if meta.optuna_trial is not None:
             params = {**params, "optuna_trial": meta.optuna_trial}
+        if meta.candidate is not None:
+            params = {**params, "candidate": meta.candidate}
         # A start (re-)runs a trial whose previous run cannot go on (``restarts`` + 1);
         # other look-ups only find the trial again.
         persist = self.store.start_trial if start else self.store.upsert_trial

@@ -221,6 +221,51 @@ class ScheduleSpace:
             placement=PlacementHint(world_size=self.world_size, micro_batch=self.micro_batch),
         )
 
+    def params_for(self, schedule: Schedule) -> dict[str, Any] | None:
+        """The Optuna parameters under which :meth:`sample` draws ``schedule`` (to enqueue a
+        schedule built outside the sampler, e.g. the noise-scale candidate), or ``None`` if
+        the space cannot draw it (checked by drawing it back)."""
+        stages = schedule.stages
+        n = len(stages)
+        if not self.stages_min <= n <= self.stages_max:
+            return None
+        params: dict[str, Any] = {}
+        if self.stages_min < self.stages_max:
+            params["n_stages"] = n
+        remaining = self.total_epochs - n * self.min_stage_epochs
+        for i, st in enumerate(stages[:-1]):
+            extra = st.num_epochs - self.min_stage_epochs
+            if extra < 0 or extra > remaining:
+                return None
+            after = n - 1 - i
+            # The inverse of _sample_lengths' Beta(1, after) draw.
+            params[f"share_{i}"] = 1.0 - (1.0 - extra / remaining) ** after if remaining else 0.0
+            remaining -= extra
+        low = self.batch_exp_min
+        for i, st in enumerate(stages):
+            exp = st.batch_size.bit_length() - 1
+            if st.batch_size != 1 << exp or not low <= exp <= self.batch_exp_max:
+                return None
+            if low < self.batch_exp_max:
+                params[f"batch_exp_{i}"] = exp
+            if not self.allow_decreasing_batch:
+                low = exp
+            if self.lr_mult_min < self.lr_mult_max:
+                params[f"lr_mult_{i}"] = st.lr_multiplier
+            if self.warmup_min < self.warmup_max:
+                params[f"warmup_{i}"] = st.warmup_epochs
+            if len(self.decays) > 1:
+                params[f"decay_{i}"] = st.decay
+        if len(self.label_smoothing) > 1:
+            params["label_smoothing"] = schedule.label_smoothing
+        import optuna
+
+        try:
+            drawn = self.sample(optuna.trial.FixedTrial(params))
+        except (ValueError, ValidationError):
+            return None
+        return params if drawn.stages == stages else None
+
     def _sample_lengths(self, trial: SuggestTrial, n: int) -> list[int]:
         slack = self.total_epochs - n * self.min_stage_epochs
         lengths: list[int] = []

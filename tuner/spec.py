@@ -393,6 +393,13 @@ class Budget(_Model):
         description="Disk for the trial states saved at stage boundaries (forks start from "
         "them; least recently used go first); 0: save none, every trial trains its whole run.",
     )
+    noise_candidate: bool = Field(
+        default=True,
+        description="Once the small-batch baseline has run, add one candidate whose batch "
+        "follows its measured gradient noise scale (McCandlish et al. 2018), rounded to the "
+        "space; it seeds the sampler and is reported beside the baselines. Needs baselines "
+        "and a single-objective study.",
+    )
     seed_runs: int = Field(
         strict=True,
         default=3,

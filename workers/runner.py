@@ -517,6 +517,7 @@ def print_result(result: StudyResult, console: Any) -> None:
     if best:
         rows.append((best, "best" + (" (baseline)" if summary.get("best_is_baseline") else "")))
     rows.extend((b, b["baseline"]) for b in summary.get("baselines", []))
+    rows.extend((c, f"{c['candidate']} (tuned)") for c in summary.get("candidates") or [])
     for row, kind in rows:
         cells = [
             str(row["number"]),

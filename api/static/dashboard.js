@@ -20,12 +20,14 @@
     small_batch: "#f59e0b",
     large_batch: "#7c3aed",
     increase_batch: "#059669",
+    noise_scale: "#64748b",
   };
   var EXTRA_COLORS = ["#0891b2", "#ea580c", "#65a30d", "#9333ea", "#be123c"];
   var BASELINE_LABELS = {
     small_batch: "small batch",
     large_batch: "large batch (Goyal)",
     increase_batch: "increase batch (Smith)",
+    noise_scale: "noise scale (McCandlish)",
   };
   var PLOT_CONFIG = {
     displaylogo: false,
@@ -199,6 +201,7 @@
     S.counts = data.counts;
     S.trialTotal = data.trial_total;
     S.schedules = data.schedules;
+    S.noise = data.noise_scale || null;
     S.comparison = data.comparison;
     S.live = data.live;
     serverTime = serverTime || data.server_time;
@@ -615,6 +618,20 @@
       });
     });
     var lo = Math.min.apply(null, batches), hi = Math.max.apply(null, batches);
+    if (S.noise && S.noise.value.length) {
+      // The measured gradient noise scale (McCandlish et al.): the critical batch it
+      // estimates, which the noise-scale candidate follows.
+      var shownNoise = S.noise.value.map(function (v) { return Math.min(Math.max(v, lo / 8), hi * 8); });
+      lo = Math.min(lo, Math.min.apply(null, shownNoise));
+      hi = Math.max(hi, Math.max.apply(null, shownNoise));
+      traces.push({
+        type: "scatter", mode: "lines+markers", name: "noise scale (small batch #" + S.noise.trial + ")",
+        x: S.noise.epoch, y: shownNoise, customdata: S.noise.value,
+        line: { color: "#64748b", width: 1.6, dash: "dot" }, marker: { size: 4, color: "#64748b" },
+        xaxis: "x", yaxis: "y", meta: "noise",
+        hovertemplate: "gradient noise scale<br>epoch %{x:.1f}: %{customdata:.4g}<extra></extra>",
+      });
+    }
     var ticks = [];
     for (var p = Math.floor(Math.log2(lo)); p <= Math.ceil(Math.log2(hi)); p++) ticks.push(Math.pow(2, p));
     if (ticks.length > 9) ticks = ticks.filter(function (_, i) { return i % 2 === 0; });
@@ -702,8 +719,10 @@
     }
     var rows = S.comparison.map(function (r) {
       var isBestRow = r.role === "best";
-      var color = isBestRow ? COLORS.best : baselineColor(r.baseline, names);
-      var label = isBestRow ? "Best · #" + r.number + (r.baseline ? " (" + baselineLabel(r.baseline) + ")" : "") :
+      var color = isBestRow ? COLORS.best : baselineColor(r.baseline || r.candidate, names);
+      var label = isBestRow ? "Best · #" + r.number + (r.baseline ? " (" + baselineLabel(r.baseline) + ")" : "") +
+          (r.candidate ? " (" + baselineLabel(r.candidate) + " candidate)" : "") :
+        r.candidate ? baselineLabel(r.candidate) + " candidate · #" + r.number :
         baselineLabel(r.baseline) + " · #" + r.number;
       var v = r.vs_best || {};
       function cell(text, delta) {

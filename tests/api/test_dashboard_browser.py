@@ -184,6 +184,8 @@ def _record(
                 "lr": plan.schedule.lr_at(epoch),
                 "diverged": diverged,
                 "wall_time_s": wall,
+                # The small-batch baseline measures the gradient noise scale (growing).
+                "noise_scale": 40.0 * 1.5**epoch if plan.baseline == "small_batch" else None,
             },
         )
     if plan.status is TrialStatus.RUNNING:
@@ -321,6 +323,11 @@ class Seeded:
     plans: list[TrialPlan]
 
 
+def best_number(outcomes: list[TrialOutcome]) -> int:
+    done = [o for o in outcomes if o.status == "completed" and o.val_accuracy is not None]
+    return max(done, key=lambda o: (o.val_accuracy or 0.0, -o.number)).number
+
+
 def seed_database(url: str) -> Seeded:
     """The finished study (ran three hours ago) and a running one (started a minute ago)."""
     spec = StudySpec.from_yaml(FINISHED_SPEC)
@@ -347,6 +354,13 @@ def seed_database(url: str) -> Seeded:
             if plan.status is TrialStatus.COMPLETED and (best is None or plan.curve[-1] > best[0]):
                 best = (plan.curve[-1], plan.number)
                 store.set_best(study.id, trial_id, plan.curve[-1])
+        # One completed tuned trial (not the best) was the noise-scale candidate.
+        done_tuned = [
+            o
+            for o in outcomes
+            if o.baseline is None and o.status == "completed" and o.number != best_number(outcomes)
+        ]
+        done_tuned[-1].extra["candidate"] = "noise_scale"
         # The finalists' seed runs: each a little under its search run, in the same order.
         seeds = fresh_seeds(spec.seed, 3)
         seed_runs = [
@@ -622,6 +636,21 @@ def test_study_page_draws_every_chart(server: Server, page: Any) -> None:
     assert best_batch["x"] == [s.start_epoch for s in best.schedule.stages] + [EPOCHS]
     axis_type = page.evaluate("document.getElementById('chart-schedule').layout.yaxis.type")
     assert axis_type == "log"
+    # Next to the batch schedules: the noise scale the small-batch baseline measured.
+    small = next(p for p in baselines if p.baseline == "small_batch")
+    noise = next(t for t in schedule if t["meta"] == "noise")
+    assert noise["name"] == f"noise scale (small batch #{small.number})"
+    assert noise["x"] == [e + 0.5 for e in range(small.epochs)]
+    assert noise["y"] == pytest.approx([40.0 * 1.5**e for e in range(small.epochs)], abs=1e-3)
+    # The noise-scale candidate has a row beside the baselines, compared with the best.
+    with StudyStore(server.db_url) as store:
+        summary = store.get_study(seeded.finished_id).summary or {}
+    (cand,) = summary["candidates"]
+    row = page.locator(
+        f'#comparison-table tr[data-role="candidate"][data-number="{cand["number"]}"]'
+    )
+    assert f"noise scale (McCandlish) candidate · #{cand['number']}" in row.inner_text()
+    assert row.locator(".delta").count() >= 1
 
     # Accuracy against steps, with the Pareto front over completed trials.
     cost = {t["name"]: t for t in _chart(page, "chart-cost")}
@@ -649,11 +678,11 @@ def test_study_page_draws_every_chart(server: Server, page: Any) -> None:
     assert "n_stages" in importance[0]["y"]
     assert "PED-ANOVA" in page.locator("#importance-note").inner_text()
 
-    # Best vs baselines: one row per baseline after the best.
+    # Best vs baselines: one row per baseline after the best, then the noise-scale candidate.
     roles = page.eval_on_selector_all(
         "#comparison-table tbody tr", "rows => rows.map(r => r.dataset.role)"
     )
-    assert roles == ["best"] + ["baseline"] * len(baselines)
+    assert roles == ["best"] + ["baseline"] * len(baselines) + ["candidate"]
     assert "Study completed" in page.locator("#study-banner").inner_text()
     assert page.locator("#study-search").inner_text() == (
         "Search: 187.4 trial-epochs trained (cooldown probes after epochs 1, 3, 9 included); "

@@ -186,6 +186,30 @@ def test_list_rejects_bad_query_parameters(
 # -- get -------------------------------------------------------------------------------------
 
 
+def test_a_seed_robust_baseline_result_says_what_it_is(
+    client: TestClient, store: StudyStore
+) -> None:
+    """The study's result is the small-batch baseline, picked on 3 fresh seeds: its best
+    names the baseline, and its value is the mean with the spread."""
+    seeded = seed_running_study(store, worker_id="w-seeds")
+    baseline = store.get_trial(seeded.study_id, 0)
+    store.set_best(seeded.study_id, baseline.id, 0.85)
+    stats = {"seeds": [7919, 15838, 23757], "mean": 0.85, "std": 0.012}
+    store.finish_study(
+        seeded.study_id,
+        "completed",
+        summary={"best": {"number": 0, "baseline": "small_batch", "seeds": stats}},
+        worker_id="w-seeds",
+    )
+    for body in (
+        client.get(f"{STUDIES}/{seeded.study_id}").json(),
+        next(s for s in client.get(STUDIES).json()["items"] if s["id"] == seeded.study_id),
+    ):
+        best = body["best"]
+        assert (best["number"], best["baseline"], best["value"]) == (0, "small_batch", 0.85)
+        assert (best["seeds"], best["std"]) == (3, 0.012)
+
+
 def test_get_shows_progress_best_trial_and_timestamps(
     client: TestClient, store: StudyStore
 ) -> None:
@@ -198,7 +222,14 @@ def test_get_shows_progress_best_trial_and_timestamps(
         "trials_running": 1,
         "trials_remaining": 2,
     }
-    assert body["best"] == {"number": 1, "value": 0.9, "schedule_summary": "32@0-2 -> 128@2-4"}
+    assert body["best"] == {
+        "number": 1,
+        "value": 0.9,
+        "schedule_summary": "32@0-2 -> 128@2-4",
+        "baseline": None,
+        "seeds": None,
+        "std": None,
+    }
     assert body["started_at"] is not None
     assert body["heartbeat_at"] is not None
     assert body["attempts"] == 1

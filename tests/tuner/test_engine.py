@@ -24,6 +24,7 @@ from tuner.engine import (
     unreadable_state,
 )
 from tuner.engine_search import PriorTrial
+from tuner.noise_candidate import noise_scale_schedule
 from tuner.objectives import StudyObjective
 from tuner.schedule import Schedule
 from tuner.spec import StudySpec, TaskDefaults
@@ -113,6 +114,7 @@ def make_fake_trainable() -> type:
                 "samples": self.samples,
                 "wall_time_s": self.wall,
                 "batch_size": st.batch_size,
+                "noise_scale": 24.0 * 2**e,  # a noise scale that doubles every epoch
                 "diverged": False,
                 "done": done,
             }
@@ -271,7 +273,7 @@ def test_asha_ranks_tuned_trials_by_their_cooldown_probes(
     """Trials 6 and 7 learn nothing visible mid-run but their probes say they will: ranked by
     probes ASHA lets them finish; ranked by mid-run accuracy it stops them at the first rung."""
     text = SPEC.replace(
-        "max_failures: 0}", f"max_failures: 0, cooldown_probes: {str(probes).lower()}}}"
+        "seed_runs: 0}", f"seed_runs: 0, cooldown_probes: {str(probes).lower()}}}"
     )
     eng = engine(
         tmp_path,
@@ -413,6 +415,51 @@ def test_the_result_is_picked_on_fresh_seeds_and_a_rerun_restores_the_seed_runs(
     assert epochs_trained(tmp_path) == trained  # nothing trained again
     assert again.summary["seed_runs"] == seeded
     assert again.summary["best"] == first.summary["best"]
+
+
+def test_the_noise_scale_candidate_follows_the_small_batch_baselines_measurements(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """Once the small-batch baseline has finished, the next tuned trial is the schedule that
+    follows its measured noise scale: drawn by Optuna (so it seeds the sampler), and reported
+    beside the baselines."""
+    text = (
+        "task: digits\nschedule: {total_epochs: 4}\n"
+        "space: {stages: {min: 1, max: 3}, batch_size: {min: 32, max: 512}}\n"
+        "budget: {trials: 6, early_stopping: false, seed_runs: 0, max_concurrent: 1}\n"
+        "resources: {workers: 2}"  # two gradients per step: the noise scale is measured
+    )
+    eng = engine(tmp_path, text)
+    result = eng.run()
+    space = eng.space
+    # 24, 48, 96, 192 per epoch -> 32, 64, 128, 256; at most 3 stages: the first two merge
+    # (at the smaller batch).
+    expected = noise_scale_schedule(space, [24.0, 48.0, 96.0, 192.0])
+    assert expected is not None
+    assert expected.summary() == "32@0-2 -> 128@2-3 -> 256@3-4"
+    candidates = [o for o in result.outcomes if o.extra.get("candidate") == "noise_scale"]
+    assert len(candidates) == 1
+    cand = candidates[0]
+    assert cand.number == 3  # the first tuned trial: the baselines ran one at a time before it
+    assert Schedule.from_dict(cand.schedule).stages == expected.stages
+    ot = optuna.load_study(study_name="study-1", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    drawn = [t for t in ot.trials if t.user_attrs.get("stagetune_candidate") == "noise_scale"]
+    assert [t.user_attrs["stagetune_number"] for t in drawn] == [3]
+    assert drawn[0].state is TrialState.COMPLETE
+    rows = result.summary["candidates"]
+    assert [(r["number"], r["candidate"]) for r in rows] == [(3, "noise_scale")]
+    assert result.summary["noise_candidate"] == {
+        "number": 3,
+        "schedule": "32@0-2 -> 128@2-3 -> 256@3-4",
+        "note": None,
+    }
+    # Without the small-batch baseline there is nothing to follow.
+    plain = engine(
+        tmp_path / "no-baselines", text.replace("task: digits", "task: digits\nbaselines: false")
+    )
+    without = plain.run()
+    assert not [o for o in without.outcomes if o.extra.get("candidate")]
+    assert "baselines are off" in without.summary["noise_candidate"]["note"]
 
 
 def test_pareto_studies_run_without_early_stopping(ray_session: None, tmp_path: Path) -> None:

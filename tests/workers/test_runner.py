@@ -141,6 +141,12 @@ def test_a_small_digits_study_end_to_end(
     assert result.best_schedule is not None
     assert result.best_schedule.stages == exported.stages
 
+    # One worker without gradient accumulation has no small batch to measure the gradient
+    # noise scale with: no noise-scale candidate, and the summary says why.
+    assert summary["candidates"] == []
+    assert all(m.noise_scale is None for m in store.trial_metrics(baselines[0].id))
+    assert "use 2 or more workers" in summary["noise_candidate"]["note"]
+
     # The Optuna study lives in the same database (tuned trials only).
     ot = optuna.load_study(study_name=optuna_study_name(study.id), storage=sqlite_url)
     assert sorted(t.user_attrs["stagetune_number"] for t in ot.trials) == [3, 4, 5, 6, 7]
@@ -191,6 +197,7 @@ def test_a_small_digits_study_end_to_end(
     assert f"{prefixes['epochs_reused']} epochs not trained again" in printed
     assert f"{len(finalists)} finalists trained again on 3 fresh seeds" in printed
     assert "val_acc over 3 fresh seeds" in printed
+    assert "no noise-scale candidate: the small-batch baseline cannot measure" in printed
     mean, std = picked["val_accuracy_mean"], picked["val_accuracy_std"]
     assert f"{mean:.4f} ± {std:.4f}" in printed
 

@@ -1,0 +1,82 @@
+"""The noise-scale candidate: a schedule of the space that follows a measured noise scale, and
+the Optuna parameters that draw it."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from tuner.noise_candidate import noise_scale_batches, noise_scale_schedule
+from tuner.space import ScheduleSpace
+from tuner.spec import StudySpec, TaskDefaults
+
+DEFAULTS = TaskDefaults(epochs=12, base_batch_size=32, base_lr=0.1)
+
+
+def space(extra: str = "") -> ScheduleSpace:
+    text = (
+        "task: digits\nschedule: {total_epochs: 12}\n"
+        "space: {stages: {min: 1, max: 3}, batch_size: {min: 32, max: 1024}, "
+        f"lr_multiplier: {{min: 0.5, max: 2.0}}, warmup_epochs: {{min: 0, max: 1}}{extra}}}"
+    )
+    return ScheduleSpace.from_spec(StudySpec.from_yaml(text).resolve(DEFAULTS))
+
+
+GROWING = [None, 20, 40, 60, 100, 150, 300, 500, 700, 900, 1000, 2000]
+
+
+def test_batches_are_the_nearest_powers_of_two_and_never_decrease() -> None:
+    sp = space()
+    assert noise_scale_batches(sp, GROWING) == [
+        32, 32, 32, 64, 128, 128, 256, 512, 512, 1024, 1024, 1024,
+    ]  # fmt: skip
+    # A dip does not shrink the batch; values beyond the space are clamped to it.
+    assert noise_scale_batches(sp, [5, 300, 40, 5000] + [None] * 8) == [32, 256, 256] + [1024] * 9
+
+
+def test_the_schedule_fits_the_space_and_keeps_the_smaller_batch_when_merging() -> None:
+    sp = space()
+    schedule = noise_scale_schedule(sp, GROWING)
+    assert schedule is not None
+    assert schedule.summary() == "32@0-4 -> 128@4-9 -> 1024@9-12"
+    assert all(st.lr_multiplier == 1.0 for st in schedule.stages)  # the scaling rule
+    assert noise_scale_schedule(sp, [None] * 12) is None  # nothing measured
+    flat = noise_scale_schedule(sp, [100.0] * 12)
+    assert flat is not None
+    assert flat.summary() == "128@0-12"
+
+
+@pytest.mark.parametrize(
+    "extra", ["", ", decay: [constant, cosine]", ", label_smoothing: [0, 0.1]"]
+)
+def test_optuna_draws_the_candidate_back_from_its_params(extra: str) -> None:
+    sp = space(extra)
+    schedule = noise_scale_schedule(sp, GROWING)
+    assert schedule is not None
+    params = sp.params_for(schedule)
+    assert params is not None
+    study = optuna.create_study()
+    study.enqueue_trial(params)
+    assert sp.sample(study.ask()).stages == schedule.stages
+
+
+def test_a_schedule_outside_the_space_has_no_params() -> None:
+    sp = space()
+    schedule = noise_scale_schedule(sp, GROWING)
+    assert schedule is not None
+    # Three stages do not fit a space of at most two.
+    narrow = ScheduleSpace.from_spec(
+        StudySpec.from_yaml(
+            "task: digits\nschedule: {total_epochs: 12}\n"
+            "space: {stages: {min: 1, max: 2}, batch_size: {min: 32, max: 1024}}"
+        ).resolve(DEFAULTS)
+    )
+    assert narrow.params_for(schedule) is None
+    # Nor does a batch outside its range.
+    small = ScheduleSpace.from_spec(
+        StudySpec.from_yaml(
+            "task: digits\nschedule: {total_epochs: 12}\n"
+            "space: {stages: {min: 1, max: 3}, batch_size: {min: 32, max: 256}}"
+        ).resolve(DEFAULTS)
+    )
+    assert small.params_for(schedule) is None

@@ -1,0 +1,104 @@
+"""The noise-scale candidate: a schedule whose batch follows the measured gradient noise scale.
+
+McCandlish et al. (2018) show that the simple gradient noise scale ``B_noise = tr(Σ) / |G|²``
+estimates the critical batch size, the largest batch that still makes near-full use of each
+sample, and that it grows during training. The small-batch baseline measures it every epoch
+(``noise_scale`` in its results). The engine turns that curve into one schedule of the search
+space (:func:`noise_scale_schedule`) and puts it in the search as an ordinary candidate (it
+seeds the sampler: enqueued to Optuna with :meth:`ScheduleSpace.params_for`), reported beside
+the baselines as ``noise_scale``.
+
+The rule, per epoch ``e``: the space's power-of-two batch nearest to ``B_noise(e)`` (in log
+scale; the smallest batch before the first measurement), never decreasing (unless the space
+allows it); runs of equal batches are stages; stages shorter than the space's minimum are
+merged into the one before, and while there are more stages than the space allows, the
+shortest is merged into its neighbour (keeping the smaller batch: a schedule that grows its
+batch later is the safer error). The LR follows the scaling rule (multiplier 1, within the
+space's range), with the space's smallest warm-up and first decay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from tuner.schedule import Schedule, Stage
+from tuner.space import ScheduleSpace
+
+__all__ = ["NOISE_SCALE", "noise_scale_batches", "noise_scale_schedule"]
+
+#: The candidate's name where baselines' names are shown.
+NOISE_SCALE = "noise_scale"
+
+
+def noise_scale_batches(space: ScheduleSpace, noise: Sequence[float | None]) -> list[int]:
+    """One batch per epoch of the run, from the measured noise scale per epoch (epochs without
+    a measurement keep the previous batch)."""
+    sizes = space.batch_sizes
+    batches: list[int] = []
+    current = sizes[0]
+    for e in range(space.total_epochs):
+        value = noise[e] if e < len(noise) else None
+        if value is not None and math.isfinite(value) and value > 0:
+            current = min(sizes, key=lambda b: (abs(math.log2(b) - math.log2(value)), b))
+        if batches and not space.allow_decreasing_batch:
+            current = max(current, batches[-1])
+        batches.append(current)
+    return batches
+
+
+def noise_scale_schedule(space: ScheduleSpace, noise: Sequence[float | None]) -> Schedule | None:
+    """The candidate schedule (see the module docstring); ``None`` without any measurement."""
+    if not any(v is not None and math.isfinite(v) and v > 0 for v in noise):
+        return None
+    batches = noise_scale_batches(space, noise)
+    runs: list[list[int]] = []  # [start, end, batch]
+    for e, b in enumerate(batches):
+        if runs and runs[-1][2] == b:
+            runs[-1][1] = e + 1
+        else:
+            runs.append([e, e + 1, b])
+
+    def merge(i: int, into: int) -> None:
+        keep = min(runs[i][2], runs[into][2])
+        lo, hi = min(i, into), max(i, into)
+        runs[lo] = [runs[lo][0], runs[hi][1], keep]
+        del runs[hi]
+
+    i = 1
+    while i < len(runs):  # too short: into the stage before (the first one grows instead)
+        if runs[i][1] - runs[i][0] < space.min_stage_epochs:
+            merge(i, i - 1)
+        else:
+            i += 1
+    if len(runs) > 1 and runs[0][1] - runs[0][0] < space.min_stage_epochs:
+        merge(0, 1)
+    while len(runs) > space.stages_max:
+        shortest = min(range(len(runs)), key=lambda k: (runs[k][1] - runs[k][0], k))
+        merge(shortest, shortest - 1 if shortest > 0 else 1)
+    mult = min(max(1.0, space.lr_mult_min), space.lr_mult_max)
+    stages = [
+        Stage(
+            start_epoch=start,
+            end_epoch=end,
+            batch_size=batch,
+            lr_multiplier=mult,
+            warmup_epochs=min(space.warmup_min, float(end - start)),
+            decay=space.decays[0],
+        )
+        for start, end, batch in runs
+    ]
+    while len(stages) < space.stages_min:  # a space that wants more stages: split the longest
+        k = max(range(len(stages)), key=lambda j: (stages[j].num_epochs, -j))
+        st = stages[k]
+        if st.num_epochs < 2 * space.min_stage_epochs:
+            return None
+        cut = st.start_epoch + st.num_epochs // 2
+        stages[k : k + 1] = [
+            dataclasses.replace(st, end_epoch=cut),
+            dataclasses.replace(
+                st, start_epoch=cut, warmup_epochs=min(space.warmup_min, float(st.end_epoch - cut))
+            ),
+        ]
+    return space.schedule(stages, label_smoothing=space.label_smoothing[0])
