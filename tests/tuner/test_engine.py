@@ -272,9 +272,7 @@ def test_asha_ranks_tuned_trials_by_their_cooldown_probes(
 ) -> None:
     """Trials 6 and 7 learn nothing visible mid-run but their probes say they will: ranked by
     probes ASHA lets them finish; ranked by mid-run accuracy it stops them at the first rung."""
-    text = SPEC.replace(
-        "seed_runs: 0}", f"seed_runs: 0, cooldown_probes: {str(probes).lower()}}}"
-    )
+    text = SPEC.replace("seed_runs: 0}", f"seed_runs: 0, cooldown_probes: {str(probes).lower()}}}")
     eng = engine(
         tmp_path,
         text,
