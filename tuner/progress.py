@@ -41,6 +41,7 @@ from tuner.errors import ConflictError, InvalidStateError, NotFoundError, Staget
 from tuner.objectives import (
     StudyObjective,
     TrialOutcome,
+    epochs_done,
     select_best,
     trial_status,
 )
@@ -304,6 +305,10 @@ class StoreProgress(tune.Callback):
         if record_id is None:
             return
         status, reason = trial_status(self.objective, result, error=error)
+        if status == "stopped" and self._cancel_requested():
+            # Not ASHA: the study's cancel ended the run.
+            total = self.objective.total_epochs
+            reason = f"cancelled after {epochs_done(result)} of {total} epochs"
         if message:
             reason = f"{reason}: {message}"
         values = None if error else self.objective.values(result)
@@ -314,6 +319,12 @@ class StoreProgress(tune.Callback):
         except InvalidStateError as exc:
             log.info("trial %s: %s", trial.trial_id, exc)
         self._ids[trial.trial_id] = None  # finished: nothing more to record
+
+    def _cancel_requested(self) -> bool:
+        try:
+            return self.store.get_study(self.study_id).cancel_requested
+        except StagetuneError:
+            return False
 
     def _update_best(self) -> None:
         try:

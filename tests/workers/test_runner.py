@@ -317,6 +317,12 @@ def test_a_cancel_request_stops_the_study(
     trials = store.list_trials(study.id).items
     assert 1 <= len(trials) < 20
     assert all(t.status is not TrialStatus.RUNNING for t in trials)
+    # The trials the cancel ended say so (not "stopped early", which reads as ASHA's doing).
+    ended = [t for t in trials if t.stop_reason and t.stop_reason.startswith("cancelled")]
+    assert ended, [(t.number, t.status, t.stop_reason) for t in trials]
+    for t in ended:
+        assert t.status is TrialStatus.STOPPED
+        assert t.stop_reason == f"cancelled after {t.epochs_done} of 4 epochs"
 
 
 def test_failing_trials_are_persisted_as_failed_and_the_study_goes_on(
