@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from tuner.errors import ValidationError
+from tuner.formatting import format_duration
 from tuner.objectives import search_text
 from tuner.schedule import Schedule
 from tuner.seeds import seed_text
@@ -93,23 +94,6 @@ def _finite(value: float | None, digits: int | None = None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return round(value, digits) if digits is not None else float(value)
-
-
-def format_duration(seconds: float | None) -> str:
-    """``"2h 05m"``, ``"3m 07s"``, ``"42s"``; an em dash for unknown."""
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        return "—"
-    total = round(seconds)
-    days, rest = divmod(total, 86_400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours:02d}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
 
 
 def format_objective(value: float | None, name: str) -> str:

@@ -37,6 +37,7 @@ from tuner.engine import SEED_RUN_KEY, EngineResult, TuningEngine
 from tuner.engine_search import PriorTrial, TrialMeta
 from tuner.errors import InvalidStateError, StagetuneError, ValidationError
 from tuner.export import export_yaml
+from tuner.formatting import format_duration
 from tuner.objectives import StudyObjective, TrialOutcome, search_text, trial_status
 from tuner.progress import StoreProgress, StudyWatch, outcome_of_record
 from tuner.schedule import Schedule
@@ -480,7 +481,7 @@ class TrialPrinter(tune.Callback):
             f"[{self._done:>3}/{self.budget}] trial {meta.number:>3} "
             f"[{meta.baseline or 'tuned'}] {status}: val_accuracy {acc_text} after "
             f"{r.get('training_iteration', 0)} epoch(s), {r.get('steps', '-')} steps, "
-            f"{float(r.get('wall_time_s') or 0.0):.1f} s{fork_text}"
+            f"{format_duration(float(r.get('wall_time_s') or 0.0))}{fork_text}"
         )
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
@@ -502,7 +503,7 @@ def print_result(result: StudyResult, console: Any) -> None:
     summary = result.summary
     seeded = summary.get("seed_runs") or None
     table = Table(title=f"study {result.study_id}: {result.status}", show_lines=False)
-    columns = ["trial", "kind", "schedule", "val_acc", "steps", "wall s", "mean batch"]
+    columns = ["trial", "kind", "schedule", "val_acc", "steps", "wall time", "mean batch"]
     if seeded:
         columns[3] = "val_acc (search run)"
         columns.insert(4, f"val_acc over {len(seeded['seeds'])} fresh seeds")
@@ -525,7 +526,7 @@ def print_result(result: StudyResult, console: Any) -> None:
             row.get("schedule_summary") or "",
             fmt(row.get("val_accuracy"), ".4f"),
             fmt(row.get("steps"), "d"),
-            fmt(row.get("wall_time_s"), ".1f"),
+            format_duration(row.get("wall_time_s")),
             fmt(row.get("mean_batch_size"), ".0f"),
         ]
         if seeded:

@@ -56,7 +56,10 @@
     return isNum(v) ? String(Math.round(v)).replace(/\B(?=(\d{3})+(?!\d))/g, ",") : "—";
   }
   function fmtDuration(s) {
+    // The rule of tuner/formatting.py: two significant digits below 10 s.
     if (!isNum(s) || s < 0) return "—";
+    if (s === 0) return "0s";
+    if (s < 9.95) return s.toFixed(Math.max(0, 1 - Math.floor(Math.log10(s)))) + "s";
     var t = Math.round(s);
     var d = Math.floor(t / 86400), h = Math.floor((t % 86400) / 3600);
     var m = Math.floor((t % 3600) / 60), sec = t % 60;

@@ -27,8 +27,9 @@ from typing import Any
 import pytest
 
 from tuner.baselines import build_baselines
+from tuner.formatting import format_duration
 from tuner.objectives import StudyObjective, TrialOutcome, summarize
-from tuner.schedule import Schedule
+from tuner.schedule import Schedule, Stage
 from tuner.seeds import finalists, fresh_seeds, seed_stats
 from tuner.space import ScheduleSpace
 from tuner.spec import StudySpec, TaskDefaults
@@ -321,6 +322,10 @@ class Seeded:
     running_id: int
     best_number: int
     plans: list[TrialPlan]
+
+
+def _schedule_doc() -> dict[str, Any]:
+    return Schedule(stages=(Stage(0, 1, 32),), base_lr=0.1, base_batch_size=32).to_dict()
 
 
 def best_number(outcomes: list[TrialOutcome]) -> int:
@@ -864,6 +869,42 @@ def test_a_seed_robust_result_shows_its_mean_and_spread(server: Server, page: An
             continue
         cell = page.locator(f'#comparison-table tr[data-number="{base["number"]}"] .seeds')
         assert cell.count() == (1 if base["seeds"] else 0)
+
+
+def test_durations_read_as_the_cli_prints_them(server: Server, page: Any) -> None:
+    """The comparison table's wall times follow tuner.formatting's rule (the CLI's), also
+    below a second, where "0s" would say nothing."""
+    with StudyStore(server.db_url) as store:
+        summary = store.get_study(server.seeded.finished_id).summary or {}
+    page.goto(f"{server.base_url}/studies/{server.seeded.finished_id}")
+    page.wait_for_selector("#comparison-table")
+    rows = [summary["best"], *summary["baselines"]]
+    for row in rows:
+        cell = page.locator(
+            f'#comparison-table tr[data-number="{row["number"]}"] td:nth-child(4)'
+        ).first
+        assert cell.inner_text().split("\n")[0].strip() == format_duration(row["wall_time_s"])
+    # A study of sub-second trials (a small task on a fast machine).
+    spec = StudySpec.from_yaml("task: digits\nname: quick-trials\nbaselines: false")
+    with StudyStore(server.db_url) as store:
+        study = store.create_study(spec.task, spec.to_dict(), 2, name=spec.name)
+        assert store.claim_study("worker-q", 60) is not None
+        for number, wall in ((0, 0.0432), (1, 3.24)):
+            trial = store.create_trial(study.id, number, _schedule_doc(), {})
+            store.add_epoch_metrics(trial.id, 0, {"val_accuracy": 0.5 + number / 10})
+            store.finish_trial(
+                trial.id,
+                TrialStatus.COMPLETED,
+                final={"val_accuracy": 0.5 + number / 10, "steps": 10, "wall_time_s": wall},
+            )
+            if number == 1:
+                store.set_best(study.id, trial.id, 0.6)
+        store.finish_study(study.id, "completed", worker_id="worker-q")
+    page.goto(f"{server.base_url}/studies/{study.id}")
+    page.wait_for_selector("#trials-body tr")
+    table = page.locator("#trials-body").inner_text()
+    assert "0.043s" in table
+    assert "3.2s" in table
 
 
 def test_headline_against_a_baseline_states_the_direction_of_the_table(
