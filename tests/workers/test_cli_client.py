@@ -259,8 +259,43 @@ def test_an_unknown_study_exits_3(module_server: Server) -> None:
     assert "987654" in one_line(done.stderr)
 
 
+def test_cancel_and_delete_through_the_cli(server: Server, tmp_path: Path) -> None:
+    """A queued study is cancelled at once and can be deleted; a running one is only asked to
+    stop: status says the cancel is pending, and deleting it says how to go on."""
+    queued = int(stagetune("submit", str(write_spec(tmp_path, "q")), "--url", server.url).stdout)
+    running = int(stagetune("submit", str(write_spec(tmp_path, "r")), "--url", server.url).stdout)
+    with StudyStore(server.database_url) as store:
+        claimed = store.claim_study("cli-test-worker", 60)  # the oldest queued: "q"
+        assert claimed is not None
+        assert claimed.id == queued
+        claimed = store.claim_study("cli-test-worker", 60)
+        assert claimed is not None
+        assert claimed.id == running
+        store.release_study(queued, "cli-test-worker")  # "q" is queued again
+
+    done = stagetune("cancel", str(queued), "--url", server.url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"study {queued} cancelled"
+    done = stagetune("delete", str(queued), "--url", server.url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"study {queued} deleted"
+    assert stagetune("status", str(queued), "--url", server.url).returncode == 3
+
+    refused = stagetune("delete", str(running), "--url", server.url)
+    assert refused.returncode != 0
+    assert f"`stagetune cancel {running}`" in one_line(refused.stderr)
+    assert "request_cancel" not in refused.stderr
+    done = stagetune("cancel", str(running), "--url", server.url)
+    assert done.returncode == 0, done.stderr
+    assert f"study {running}: cancel requested; it is running until its worker" in done.stdout
+    shown = stagetune("status", str(running), "--url", server.url)
+    assert "running (cancel pending" in shown.stdout
+    with StudyStore(server.database_url) as store:
+        assert store.get_study(running).cancel_requested
+
+
 def test_every_command_has_help() -> None:
-    for command in ("submit", "status"):
+    for command in ("submit", "status", "cancel", "delete"):
         done = stagetune(command, "--help")
         assert done.returncode == 0
         assert "--url" in done.stdout

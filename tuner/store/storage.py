@@ -823,7 +823,8 @@ class StudyStore:
             row = self._lock_study(session, study_id, delete=True)
             if row.status == StudyStatus.RUNNING:
                 raise InvalidStateError(
-                    f"study {study_id} is running; cancel it (request_cancel) and delete it "
+                    f"study {study_id} is running; cancel it first (`stagetune cancel "
+                    f"{study_id}`, or POST /api/v1/studies/{study_id}/cancel) and delete it "
                     "once it has stopped"
                 )
             session.execute(delete(StudyRow).where(StudyRow.id == study_id))

@@ -196,6 +196,12 @@ class ApiClient:
             params["status"] = statuses
         return self._json("GET", "/studies", params=params)
 
+    def cancel(self, study_id: int) -> dict[str, Any]:
+        return self._json("POST", f"/studies/{study_id}/cancel")
+
+    def delete(self, study_id: int) -> None:
+        self.request("DELETE", f"/studies/{study_id}")
+
     def schedule_yaml(self, study_id: int) -> str:
         return self.request("GET", f"/studies/{study_id}/schedule.yaml").text
 
@@ -259,7 +265,7 @@ def _print_study(study: Mapping[str, Any]) -> None:
     grid.add_row("task", str(study.get("task")))
     status = str(study.get("status"))
     if study.get("cancel_requested") and status not in FINISHED:
-        status += " (cancel requested)"
+        status += " (cancel pending: the worker stops it at its next check)"
     grid.add_row("status", status)
     grid.add_row(
         "progress",
@@ -543,3 +549,36 @@ def status(
             print(json.dumps(detail, indent=2))
         else:
             _print_study(detail)
+
+
+@app.command()
+def cancel(
+    study: Annotated[int, typer.Argument(help="The id of the study to cancel.")],
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Cancel a study: a queued one at once, a running one at its worker's next check (its
+    trials so far and the summary of what ran are kept)."""
+    with ApiClient(url, token) as client:
+        detail = client.cancel(study)
+    status = str(detail.get("status"))
+    if status == "cancelled":
+        print(f"study {study} cancelled")
+    else:
+        print(
+            f"study {study}: cancel requested; it is {status} until its worker stops it at the "
+            f"next check (`stagetune status {study}` shows when)"
+        )
+
+
+@app.command()
+def delete(
+    study: Annotated[int, typer.Argument(help="The id of the study to delete.")],
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Delete a study with its trials and metrics. A running study must be cancelled first
+    (`stagetune cancel`)."""
+    with ApiClient(url, token) as client:
+        client.delete(study)
+    print(f"study {study} deleted")
