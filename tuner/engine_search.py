@@ -326,6 +326,12 @@ class ScheduleSearcher(Searcher):
                 )
             if "stagetune_objective" not in self._study.user_attrs:
                 self._study.set_user_attr("stagetune_objective", list(self._objective.names))
+            if self._study.metric_names is None:
+                # optuna-dashboard shows these names, not "Objective 0". (Experimental in
+                # Optuna since 3.2, without change since; its warning is noise here.)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    self._study.set_metric_names(list(self._objective.names))
         return self._study
 
     # ------------------------------------------------------------------ Tune interface
@@ -493,16 +499,22 @@ class ScheduleSearcher(Searcher):
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         self._record_noise(trial_id, result)
         self._track(trial_id, result)
+        self._report(trial_id, result)
+
+    def _report(self, trial_id: str, result: Mapping[str, Any]) -> None:
+        """The epoch's accuracy as the Optuna trial's intermediate value at step = the epoch's
+        index (0-based, as the store numbers epochs), each epoch once."""
         meta = self._trials.get(trial_id)
         if meta is None or meta.optuna_trial_id is None or self._objective.is_multi:
             return
         value = result.get(self._objective.scheduler_metric or "val_accuracy")
-        step = result.get("training_iteration")
-        if not isinstance(value, int | float) or not isinstance(step, int):
+        done = result.get("training_iteration")
+        if not isinstance(value, int | float) or not isinstance(done, int):
             return
-        if step <= self._reported.get(trial_id, 0):
+        if done <= self._reported.get(trial_id, 0):
             return
-        self._reported[trial_id] = step
+        self._reported[trial_id] = done
+        step = done - 1
         ot = optuna.trial.Trial(self.study, meta.optuna_trial_id)
         with warnings.catch_warnings():
             # A trial replayed after a restore reports its epochs again; Optuna keeps the first.
@@ -520,7 +532,9 @@ class ScheduleSearcher(Searcher):
             return
         self._finished.add(trial_id)
         if result and not error:
-            self._track(trial_id, result)  # Tune hands the last result to this hook only
+            # Tune hands a trial's last result to this hook only.
+            self._track(trial_id, result)
+            self._report(trial_id, result)
         if meta.baseline == "small_batch" and self._noise_candidate and not error:
             # Tune hands the last result to on_trial_complete only.
             self._record_noise(trial_id, result or {})

@@ -133,7 +133,11 @@ def test_trials_are_told_complete_pruned_or_failed(storage: str) -> None:
     states = [t.state for t in study.trials]
     assert states == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL]
     assert study.trials[0].value == 0.9
-    assert study.trials[1].intermediate_values == {1: 0.3, 2: 0.6}
+    # Epoch k's accuracy at step k (the store's epoch numbering), the last epoch included
+    # (Tune hands it to on_trial_complete only); the objective has its name.
+    assert study.trials[1].intermediate_values == {0: 0.3, 1: 0.6}
+    assert study.trials[0].intermediate_values == {5: 0.9}
+    assert study.metric_names == ["val_accuracy"]
 
 
 def test_resume_replays_trials_suggested_after_the_last_checkpoint(

@@ -150,6 +150,13 @@ def test_a_small_digits_study_end_to_end(
     # The Optuna study lives in the same database (tuned trials only).
     ot = optuna.load_study(study_name=optuna_study_name(study.id), storage=sqlite_url)
     assert sorted(t.user_attrs["stagetune_number"] for t in ot.trials) == [3, 4, 5, 6, 7]
+    # Its intermediate values are the store's per-epoch accuracies, epoch k at step k, the
+    # last epoch included; optuna-dashboard names the objective.
+    assert ot.metric_names == ["val_accuracy"]
+    for frozen in ot.trials:
+        record = next(t for t in trials if t.number == frozen.user_attrs["stagetune_number"])
+        curve = store.trial_metrics(record.id)
+        assert frozen.intermediate_values == {m.epoch: m.val_accuracy for m in curve}
 
     # Tuned trials after the first two extend good trials' first stage, and fork from the
     # state their parent saved at that boundary: the prefix's epochs are reported again, as
