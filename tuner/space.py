@@ -36,6 +36,8 @@ __all__ = [
     "SuggestTrial",
     "check_feasible",
     "constraint_violations",
+    "lr_multiplier_grid",
+    "warmup_grid",
 ]
 
 
@@ -184,12 +186,20 @@ class ScheduleSpace:
         for i, (length, exp) in enumerate(zip(lengths, exps, strict=True)):
             mult = self.lr_mult_min
             if self.lr_mult_min < self.lr_mult_max:
-                mult = trial.suggest_float(
-                    f"lr_mult_{i}", self.lr_mult_min, self.lr_mult_max, log=True
+                mult = lr_multiplier_grid(
+                    trial.suggest_float(
+                        f"lr_mult_{i}", self.lr_mult_min, self.lr_mult_max, log=True
+                    ),
+                    self.lr_mult_min,
+                    self.lr_mult_max,
                 )
             warmup = self.warmup_min
             if self.warmup_min < self.warmup_max:
-                warmup = trial.suggest_float(f"warmup_{i}", self.warmup_min, self.warmup_max)
+                warmup = warmup_grid(
+                    trial.suggest_float(f"warmup_{i}", self.warmup_min, self.warmup_max),
+                    self.warmup_min,
+                    self.warmup_max,
+                )
             decay: StageDecay = self.decays[0]
             if len(self.decays) > 1:
                 decay = cast(StageDecay, trial.suggest_categorical(f"decay_{i}", list(self.decays)))
@@ -284,6 +294,19 @@ class ScheduleSpace:
     @staticmethod
     def _suggest_int(trial: SuggestTrial, name: str, low: int, high: int) -> int:
         return low if low == high else int(trial.suggest_int(name, low, high))
+
+
+def lr_multiplier_grid(value: float, low: float, high: float) -> float:
+    """A sampled LR multiplier on the space's grid: two significant digits (``0.8995...`` is
+    ``0.9``), kept within ``[low, high]``. The sampler draws continuously; the schedule (the
+    one trained, stored and exported) carries the grid value."""
+    rounded = float(f"{value:.2g}")
+    return min(max(rounded, low), high)
+
+
+def warmup_grid(value: float, low: float, high: float) -> float:
+    """A sampled warm-up on the space's grid: multiples of 0.05 epoch, within ``[low, high]``."""
+    return min(max(round(round(value / 0.05) * 0.05, 2), low), high)
 
 
 # --------------------------------------------------------------------------------------------

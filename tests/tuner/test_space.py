@@ -4,6 +4,7 @@ schedule inside the space, and infeasible spaces are rejected up front."""
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 
 import optuna
@@ -73,6 +74,15 @@ def test_200_sampled_schedules_are_valid_and_inside_the_space() -> None:
             assert 0.5 <= st.lr_multiplier <= 2.0
             assert min(0.5, st.num_epochs) <= st.warmup_epochs <= min(3.0, st.num_epochs)
             assert st.decay in ("constant", "cosine")
+            # On the space's grid (what is trained is what is exported, and reads well):
+            # two significant digits of LR multiplier, warm-ups in 0.05-epoch steps.
+            assert st.lr_multiplier == float(f"{st.lr_multiplier:.2g}")
+            assert st.warmup_epochs == st.num_epochs or (
+                round(st.warmup_epochs / 0.05, 6) == round(st.warmup_epochs / 0.05)
+            )
+        # The YAML it exports carries short numbers.
+        text = schedule.to_yaml()
+        assert not re.search(r"\d\.\d{6,}", text), text
         # Placeable on the study's workers (what the trainable will do).
         assert len(place(schedule, 2, 16)) == schedule.num_stages
         assert params["n_stages"] == schedule.num_stages
