@@ -927,6 +927,10 @@ class TuningEngine:
 
     def run(self) -> EngineResult:
         """Run the experiment to the end (or resume it); returns every trial's outcome."""
+        with _quiet_metric_files():
+            return self._run()
+
+    def _run(self) -> EngineResult:
         connect_ray()
         self.storage_path.mkdir(parents=True, exist_ok=True)
         live = LiveRun(
@@ -1004,6 +1008,35 @@ class TuningEngine:
             experiment_path=str(self.experiment_path),
             baselines=self.baselines,
         )
+
+
+class _MetricFilesFilter(logging.Filter):
+    """Drops Ray Tune's "Failed to fetch metrics ... result.json and progress.csv were not
+    found" warning: Tune builds its per-trial dataframes from those files whenever it reads an
+    experiment (``ResultGrid``, ``ExperimentAnalysis``), and a trial directory without them
+    (a trial that never reported, or a worker's trial directory not synced to the experiment's)
+    makes it warn once per trial. The engine reads each trial's last result from Tune's own
+    trial state, not from those files, so nothing is missing; a debug line says so."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Failed to fetch metrics"):
+            log.debug("Tune found no metric files for some trials (not needed): %s", record.msg)
+            return False
+        return True
+
+
+_METRIC_FILES_FILTER: Final = _MetricFilesFilter()
+_ANALYSIS_LOGGER: Final = "ray.tune.analysis.experiment_analysis"
+
+
+@contextmanager
+def _quiet_metric_files() -> Iterator[None]:
+    logger = logging.getLogger(_ANALYSIS_LOGGER)
+    logger.addFilter(_METRIC_FILES_FILTER)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_METRIC_FILES_FILTER)
 
 
 def _outcomes(

@@ -460,6 +460,34 @@ def test_the_noise_scale_candidate_follows_the_small_batch_baselines_measurement
     assert "baselines are off" in without.summary["noise_candidate"]["note"]
 
 
+def test_trial_directories_without_metric_files_log_no_warning(
+    ray_session: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tune warns once per trial ("Failed to fetch metrics ... were not found") when a trial
+    directory lacks result.json and progress.csv; the engine does not read them (each trial's
+    last result is in Tune's trial state), so the study's log stays quiet and its outcomes are
+    whole."""
+    text = (
+        "task: digits\nschedule: {total_epochs: 2}\nbaselines: false\n"
+        "budget: {trials: 3, early_stopping: false, seed_runs: 0}"
+    )
+    first = engine(tmp_path, text).run()
+    files = [
+        f
+        for pattern in ("result.json", "progress.csv")
+        for f in (tmp_path / "ray" / "study-1").glob(f"trial_*/{pattern}")
+    ]
+    assert len(files) == 6
+    for f in files:
+        f.unlink()
+    with caplog.at_level(logging.WARNING):
+        again = engine(tmp_path, text).run()
+    assert not [r for r in caplog.records if "Failed to fetch metrics" in r.getMessage()]
+    assert [(o.number, o.val_accuracy, o.steps) for o in again.outcomes] == [
+        (o.number, o.val_accuracy, o.steps) for o in first.outcomes
+    ]
+
+
 def test_pareto_studies_run_without_early_stopping(ray_session: None, tmp_path: Path) -> None:
     text = (
         "task: digits\nschedule: {total_epochs: 2}\nbaselines: false\n"
