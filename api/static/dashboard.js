@@ -69,6 +69,20 @@
     if (m) return m + "m " + two(sec) + "s";
     return sec + "s";
   }
+  // Ticks of a log axis that read as numbers: 1, 2, 5 x 10^k over [lo, hi] (one more on
+  // each side), thinned to powers of ten when there would be more than 8.
+  function logTicks(lo, hi) {
+    if (!(lo > 0 && hi > 0)) return [];
+    var out = [];
+    for (var k = Math.floor(Math.log10(lo)) - 1; k <= Math.ceil(Math.log10(hi)); k++) {
+      [1, 2, 5].forEach(function (m) { out.push(m * Math.pow(10, k)); });
+    }
+    var inside = out.filter(function (v) { return v >= lo / 2.5 && v <= hi * 2.5; });
+    if (inside.length > 8) {
+      inside = inside.filter(function (v) { var e = Math.log10(v); return Math.abs(e - Math.round(e)) < 1e-9; });
+    }
+    return inside.map(function (v) { return Number(v.toPrecision(6)); });
+  }
   function fmtBatch(v) {
     if (!isNum(v)) return "—";
     return Math.abs(v - Math.round(v)) < 0.05 || v >= 1000 ? fmtInt(v) : v.toFixed(1);
@@ -559,9 +573,15 @@
       emptyChart(node, "No trial with an accuracy and a " + (key === "steps" ? "step count" : "wall time") + " yet.");
       return;
     }
+    var xs = [];
+    traces.forEach(function (tr) { (tr.x || []).forEach(function (x) { if (isNum(x) && x > 0) xs.push(x); }); });
+    var ticks = logTicks(Math.min.apply(null, xs), Math.max.apply(null, xs));
     draw(node, traces, baseLayout({
       uirevision: S.cost,
-      xaxis: axis({ title: { text: costLabel + " (log)" }, type: "log", dtick: "D2" }),
+      xaxis: axis({
+        title: { text: costLabel + " (log)" }, type: "log", tickvals: ticks,
+        ticktext: ticks.map(function (v) { return key === "steps" ? fmtInt(v) : fmtDuration(v); }),
+      }),
       yaxis: axis({ title: { text: "final validation accuracy" }, tickformat: ".1%" }),
     }));
   }

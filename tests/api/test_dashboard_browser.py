@@ -512,6 +512,15 @@ def _chart(tab: Any, chart_id: str) -> list[dict[str, Any]]:
     return traces
 
 
+def _shown_ticks(tab: Any) -> list[float]:
+    """The cost chart's x tick values inside its (log) range: the ticks plotly draws."""
+    values, lo, hi = tab.evaluate(
+        "() => { const a = document.getElementById('chart-cost')._fullLayout.xaxis;"
+        " return [a.tickvals, a.range[0], a.range[1]]; }"
+    )
+    return [v for v in values if lo <= math.log10(v) <= hi]
+
+
 def _svg_traces(tab: Any, chart_id: str) -> int:
     count: int = tab.evaluate(
         "id => document.querySelectorAll('#' + id + ' .scatterlayer .trace').length", chart_id
@@ -667,11 +676,24 @@ def test_study_page_draws_every_chart(server: Server, page: Any) -> None:
         pytest.approx(p) for p in steps_front
     ]
     assert f"best #{best.number}" in cost
+    # The log cost axis reads as numbers: ticks at 1, 2, 5 x 10^k labelled in full (not
+    # "5, 100, 2"), covering every point.
+    values = _shown_ticks(page)
+    labels = page.eval_on_selector_all(
+        "#chart-cost .xtick text", "ts => ts.map(t => t.textContent)"
+    )
+    assert len(labels) >= 2
+    assert labels == [f"{v:,.0f}" for v in values]
+    assert all(f"{v:.0e}"[0] in "125" for v in values)
     page.click("button.seg[data-cost='wall_time_s']")
     page.wait_for_function(
         "() => document.getElementById('chart-cost').layout.xaxis.title.text.startsWith('wall')"
     )
     wall = {t["name"]: t for t in _chart(page, "chart-cost")}
+    labels = page.eval_on_selector_all(
+        "#chart-cost .xtick text", "ts => ts.map(t => t.textContent)"
+    )
+    assert labels == [format_duration(v) for v in _shown_ticks(page)]
     wall_front = _front(_points(records, completed, "wall_time_s"))
     assert list(zip(wall["Pareto front"]["x"], wall["Pareto front"]["y"], strict=True)) == [
         pytest.approx(p) for p in wall_front
