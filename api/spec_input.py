@@ -34,7 +34,7 @@ import pydantic
 import yaml
 
 from api.errors import ApiError, validation_details, validation_message
-from tuner.spec import MAX_SPEC_CHARS, StudySpec
+from tuner.spec import MAX_SPEC_CHARS, StudySpec, spec_problems
 
 JSON_TYPES: Final = frozenset({"application/json"})
 YAML_TYPES: Final = frozenset(
@@ -43,7 +43,6 @@ YAML_TYPES: Final = frozenset(
 MAX_NESTING: Final = 32
 """Deepest nesting of lists / mappings accepted in a spec body (the spec itself needs ~4)."""
 
-_OBJECTIVE_KINDS: Final = frozenset({"accuracy", "time_to_accuracy", "pareto"})
 _YAML_LOADER: Final[type[yaml.SafeLoader] | type[yaml.CSafeLoader]] = getattr(
     yaml, "CSafeLoader", yaml.SafeLoader
 )
@@ -160,10 +159,21 @@ def _load_json(text: str) -> Any:
             kind="json_invalid",
         ) from None
     except json.JSONDecodeError as exc:
+        hint = ""
+        if _looks_like_yaml(text):
+            hint = "; it looks like YAML: send it with Content-Type: application/yaml"
         raise _invalid(
-            f"body is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+            f"body is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}{hint}",
             kind="json_invalid",
         ) from None
+
+
+def _looks_like_yaml(text: str) -> bool:
+    """A YAML mapping sent as JSON (the usual mistake with curl -d @spec.yaml)."""
+    try:
+        return isinstance(_load_yaml(text), dict)
+    except ApiError:
+        return False
 
 
 # ---------------------------------------------------------------------------------- YAML
@@ -269,17 +279,9 @@ def _compose_node(loader: Any) -> yaml.Node:
 
 def spec_error_details(exc: pydantic.ValidationError) -> list[dict[str, Any]]:
     """``details`` of a spec that failed validation: field path and reason per problem."""
-    errors = []
-    for err in exc.errors(include_url=False):
-        loc = list(err["loc"])
-        if len(loc) > 1 and loc[0] == "objective" and loc[1] in _OBJECTIVE_KINDS:
-            del loc[1]  # the discriminator's tag, not a field
-        msg = str(err["msg"])
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; see the documented spec fields)"
-        elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        errors.append({"loc": ("body", *loc), "msg": msg, "type": err["type"]})
+    errors = [
+        {"loc": ("body", *loc), "msg": msg, "type": kind} for loc, msg, kind in spec_problems(exc)
+    ]
     return validation_details(errors)
 
 

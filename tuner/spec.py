@@ -35,8 +35,11 @@ the spec alone can tell is checked here, so the API rejects it with a 422.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
+import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, Self
 
@@ -75,6 +78,7 @@ __all__ = [
     "TaskDefaults",
     "TimeToAccuracyObjective",
     "format_validation_error",
+    "spec_problems",
 ]
 
 #: The baselines every study evaluates first (when ``baselines: true``), in this order.
@@ -748,18 +752,66 @@ def _pow2_ceil(n: int) -> int:
 _OBJECTIVE_KINDS: Final = frozenset({"accuracy", "time_to_accuracy", "pareto"})
 
 
-def format_validation_error(exc: pydantic.ValidationError) -> str:
-    """One line per problem, ``field.path: reason``, prefixed with ``invalid study spec``."""
-    lines: list[str] = []
+_OBJECTIVE_MODELS: Final[dict[str, type[BaseModel]]] = {
+    "accuracy": AccuracyObjective,
+    "time_to_accuracy": TimeToAccuracyObjective,
+    "pareto": ParetoObjective,
+}
+
+
+def _did_you_mean(loc: Sequence[str]) -> str:
+    """For an unknown field at ``loc`` (pydantic's location, objective kind tag included):
+    the closest known field of the model it is in, else where to look."""
+    model: type[BaseModel] | None = StudySpec
+    for part in loc[:-1]:
+        if model is None:
+            break
+        if part in _OBJECTIVE_MODELS and model is not StudySpec:
+            model = _OBJECTIVE_MODELS[part]
+            continue
+        field = model.model_fields.get(part)
+        annotation = None if field is None else field.annotation
+        model = next(
+            (
+                a
+                for a in (annotation, *typing.get_args(annotation))
+                if isinstance(a, type) and issubclass(a, BaseModel)
+            ),
+            None,
+        )
+        if part == "objective":
+            model = AccuracyObjective  # the tag comes next; a stand-in until then
+    if model is not None:
+        close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.5)
+        if close:
+            where = ".".join(p for p in loc[:-1] if p not in _OBJECTIVE_MODELS)
+            return f" (did you mean `{where + '.' if where else ''}{close[0]}`?)"
+    return " (check the spelling; see the documented spec fields)"
+
+
+def spec_problems(exc: pydantic.ValidationError) -> list[tuple[list[str | int], str, str]]:
+    """Each problem of a spec that failed validation as (field path, reason, pydantic type):
+    the objective's kind tag is not part of the path, an unknown field names the closest known
+    one. The CLI's one line (:func:`format_validation_error`) and the API's ``details`` are
+    both made from this."""
+    out = []
     for err in exc.errors(include_url=False):
-        parts = [str(part) for part in err["loc"]]
+        parts = list(err["loc"])
         if len(parts) > 1 and parts[0] == "objective" and parts[1] in _OBJECTIVE_KINDS:
             del parts[1]  # the discriminator's tag, not a field
-        loc = ".".join(parts)
         msg = str(err["msg"])
         if err["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; see the documented spec fields)"
+            msg = "unknown field" + _did_you_mean([str(p) for p in err["loc"]])
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
-        lines.append(f"{loc}: {msg}" if loc else msg)
+        out.append((parts, msg, str(err["type"])))
+    return out
+
+
+def format_validation_error(exc: pydantic.ValidationError) -> str:
+    """One line per problem, ``field.path: reason``, prefixed with ``invalid study spec``."""
+    lines = [
+        f"{'.'.join(str(p) for p in loc)}: {msg}" if loc else msg
+        for loc, msg, _ in spec_problems(exc)
+    ]
     return "invalid study spec: " + "; ".join(lines)

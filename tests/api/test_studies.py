@@ -93,6 +93,25 @@ def test_unknown_and_nested_fields_are_named(client: TestClient) -> None:
     errors = field_errors(r.json())
     assert "unknown field" in errors["budgett"]
     assert "unknown field" in errors["objective.x"]  # the discriminator tag is not in the path
+    # A misspelt field names the closest known one.
+    assert "did you mean `budget`?" in errors["budgett"]
+    r = client.post(STUDIES, content="task: digits\nbudget: {trails: 6}\n", headers=YAML)
+    assert "did you mean `budget.trials`?" in field_errors(r.json())["budget.trails"]
+
+
+def test_a_yaml_body_sent_as_json_says_which_content_type_to_use(client: TestClient) -> None:
+    r = client.post(
+        STUDIES,
+        content="task: digits\nbudget: {trials: 6}\n",
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 422
+    message = r.json()["error"]["message"]
+    assert "not valid JSON" in message
+    assert "it looks like YAML: send it with Content-Type: application/yaml" in message
+    # Broken JSON that is no YAML mapping either gets no such hint.
+    r = client.post(STUDIES, content='{"task": ', headers={"Content-Type": "application/json"})
+    assert "looks like YAML" not in r.json()["error"]["message"]
 
 
 def test_cross_field_problem_is_422_with_reason(client: TestClient) -> None:

@@ -70,7 +70,12 @@ def test_json_and_yaml_give_the_same_spec() -> None:
     [
         ("task: nope", "task", "unknown task 'nope'"),
         ("task: mnist1d\nspace: {batch_sise: {min: 3}}", "space.batch_sise", "unknown field"),
-        ("task: mnist1d\nbudjet: {trials: 3}", "budjet", "unknown field"),
+        ("task: mnist1d\nbudjet: {trials: 3}", "budjet", "unknown field (did you mean `budget`?)"),
+        (
+            "task: mnist1d\nobjective: {kind: time_to_accuracy, target: 0.9}",
+            "objective.target",
+            "did you mean `objective.target_accuracy`?",
+        ),
         ("task: mnist1d\nbudget: {trials: 100000}", "budget.trials", "less than or equal"),
         ("task: mnist1d\nschedule: {base_lr: -1}", "schedule.base_lr", "greater than 0"),
         ("task: mnist1d\nresources: {gpus_per_worker: 64}", "resources.gpus_per_worker", "16"),
