@@ -334,8 +334,21 @@ def _epoch_fields(m: EpochMetrics) -> dict[str, Any]:
 # --- service ------------------------------------------------------------------------------
 
 
+class TaskInfo(Schema):
+    name: str
+    options_schema: dict[str, Any] | None = Field(
+        description="JSON schema of the task's `task_options` (null: the task publishes none; "
+        "its options are then checked by the worker when the study starts)."
+    )
+    option_defaults: dict[str, Any] = Field(
+        description="The value each option has when a spec leaves it out (options without a "
+        "default are required)."
+    )
+
+
 class TasksOut(Schema):
     tasks: list[str] = Field(description="Registered task names a spec may use.")
+    details: list[TaskInfo] = Field(description="Each task's options: schema and defaults.")
 
 
 class HealthOut(Schema):

@@ -6,13 +6,14 @@ import logging
 from functools import lru_cache
 
 from fastapi import APIRouter
+from fastapi.encoders import jsonable_encoder
 
 from api.deps import StoreDep
 from api.errors import ApiError
-from api.schemas import HealthOut, TasksOut, error_responses
+from api.schemas import HealthOut, TaskInfo, TasksOut, error_responses
 from tuner import __version__
 from tuner.store import migrate
-from tuner.tasks import available_tasks
+from tuner.tasks import available_tasks, options_model
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +25,28 @@ health_router = APIRouter(tags=["service"])
     "/tasks", response_model=TasksOut, summary="Registered tasks", responses=error_responses(401)
 )
 def list_tasks() -> TasksOut:
-    """The task names a study spec may use (read from package metadata; nothing is imported)."""
-    return TasksOut(tasks=available_tasks())
+    """The task names a study spec may use (read from package metadata), each with the JSON
+    schema and defaults of its `task_options` (from the options models tasks publish, which
+    import neither torch nor the task's code)."""
+    names = available_tasks()
+    return TasksOut(tasks=names, details=[_task_info(name) for name in names])
+
+
+@lru_cache(maxsize=64)
+def _task_info(name: str) -> TaskInfo:
+    model = options_model(name)
+    if model is None:
+        return TaskInfo(name=name, options_schema=None, option_defaults={})
+    defaults = {
+        key: field.get_default(call_default_factory=True)
+        for key, field in model.model_fields.items()
+        if not field.is_required()
+    }
+    return TaskInfo(
+        name=name,
+        options_schema=model.model_json_schema(),
+        option_defaults=jsonable_encoder(defaults),
+    )
 
 
 @lru_cache(maxsize=1)

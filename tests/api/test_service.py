@@ -28,11 +28,23 @@ from tuner.store import StudyStore, migrate
 from tuner.tasks import available_tasks
 
 
-def test_tasks_lists_registered_names(client: TestClient) -> None:
+def test_tasks_lists_registered_names_with_their_options(client: TestClient) -> None:
     r = client.get("/api/v1/tasks")
     assert r.status_code == 200
-    assert r.json() == {"tasks": available_tasks()}
-    assert "digits" in r.json()["tasks"]
+    body = r.json()
+    assert body["tasks"] == available_tasks()
+    assert "digits" in body["tasks"]
+    details = {d["name"]: d for d in body["details"]}
+    assert list(details) == body["tasks"]
+    # Each task's options: their schema (what a spec may set, with bounds) and defaults.
+    digits = details["digits"]
+    hidden = digits["options_schema"]["properties"]["hidden_dim"]
+    assert (hidden["minimum"], hidden["maximum"]) == (8, 4096)
+    assert digits["option_defaults"]["hidden_dim"] == 128
+    # cifar10's data_dir has no default: it is required, and the schema says so.
+    cifar = details["cifar10"]
+    assert "data_dir" in cifar["options_schema"]["required"]
+    assert "data_dir" not in cifar["option_defaults"]
 
 
 def test_health_reports_database_and_version(client: TestClient) -> None:
