@@ -27,7 +27,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Final, Generic, Literal, TypeVar
 
 from tuner.errors import ValidationError
 from tuner.retarget import retarget
@@ -40,6 +40,7 @@ __all__ = [
     "MegatronArgs",
     "MegatronLR",
     "MegatronRamp",
+    "deepspeed_files",
     "emit",
     "emit_deepspeed",
     "emit_megatron",
@@ -429,11 +430,22 @@ def _decay_words(lr: MegatronLR) -> str:
     return f"{lr.decay_style} decay to {_num(lr.min)}"
 
 
+#: The bash array the Megatron arguments file defines.
+MEGATRON_ARRAY: Final = "STAGETUNE_MEGATRON_ARGS"
+
+
 def _megatron_text(schedule: Schedule, artefact: MegatronArgs, limitations: list[str]) -> str:
+    """A bash file that defines the arguments as an array: ``source`` it in the launcher and
+    pass ``"${STAGETUNE_MEGATRON_ARGS[@]}"`` to ``pretrain_*.py`` with the model's own."""
     lines = [
+        "#!/usr/bin/env bash",
         f"# Megatron-LM arguments for the stagetune schedule {schedule.summary()}",
         f"# data-parallel size {artefact.data_parallel_size} (GPUs = data-parallel x "
         "tensor-parallel x pipeline-parallel)",
+        "# Use it in your launcher (bash):",
+        "#   source ./this-file.sh",
+        f'#   torchrun ... pretrain_gpt.py "${{{MEGATRON_ARRAY}[@]}}" <your model and data '
+        "arguments>",
     ]
     lines += [f"# LIMITATION: {text}" for text in limitations] or ["# exact: no limitations"]
     pairs: list[str] = []
@@ -445,7 +457,9 @@ def _megatron_text(schedule: Schedule, artefact: MegatronArgs, limitations: list
         current.append(shlex.quote(token))
     if current:
         pairs.append(" ".join(current))
-    lines += [f"{p} \\" for p in pairs[:-1]] + pairs[-1:]
+    lines.append(f"{MEGATRON_ARRAY}=(")
+    lines += [f"  {p}" for p in pairs]
+    lines.append(")")
     return "\n".join(lines) + "\n"
 
 
@@ -487,6 +501,35 @@ class DeepSpeedPlan:
             ],
             "limitations": list(limitations),
         }
+
+
+def deepspeed_files(plan: DeepSpeedPlan, limitations: Sequence[str] = ()) -> dict[str, str]:
+    """What DeepSpeed takes, as files: one ``ds_config_stage<N>.json`` per stage (a plain
+    DeepSpeed config, for ``deepspeed --deepspeed_config`` or ``deepspeed.initialize``), and
+    ``stages.json``: which config runs when (epochs, optimizer steps), how to switch between
+    them, and the limitations."""
+    files: dict[str, str] = {}
+    stages = []
+    for s in plan.stages:
+        name = f"ds_config_stage{s.stage_index + 1}.json"
+        files[name] = json.dumps(s.config, indent=2) + "\n"
+        stages.append(
+            {
+                "stage": s.stage_index + 1,
+                "config_file": name,
+                "epochs": [s.start_epoch, s.end_epoch],
+                "steps_per_epoch": s.steps_per_epoch,
+                "optimizer_steps": s.optimizer_steps,
+            }
+        )
+    index = {
+        "world_size": plan.world_size,
+        "how_to_run": _DEEPSPEED_HOW_TO.replace("stages[i].config", "stages[i].config_file"),
+        "stages": stages,
+        "limitations": list(limitations),
+    }
+    files["stages.json"] = json.dumps(index, indent=2) + "\n"
+    return files
 
 
 _DEEPSPEED_HOW_TO = (

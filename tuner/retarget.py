@@ -52,13 +52,17 @@ def describe_target(
 class RetargetError(PlacementError):
     """The schedule cannot run on the target; ``problems`` names every stage and why."""
 
-    def __init__(self, target: str, problems: str | Sequence[str]) -> None:
+    def __init__(
+        self, target: str, problems: str | Sequence[str], advice: Sequence[str] = ()
+    ) -> None:
         super().__init__(problems)
         self.target = target
-        self.args = (f"cannot re-target the schedule to {target}: {self.args[0]}",)
+        self.advice = tuple(advice)
+        tail = "".join(f"; {a}" for a in self.advice)
+        self.args = (f"cannot re-target the schedule to {target}: {self.args[0]}{tail}",)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.target, list(self.problems)))
+        return (type(self), (self.target, list(self.problems), list(self.advice)))
 
 
 @dataclass(frozen=True)
@@ -173,7 +177,8 @@ def retarget(
     try:
         stages = place(schedule, world_size, micro_batch, weights)
     except PlacementError as exc:
-        raise RetargetError(target, exc.problems) from None
+        advice = _what_would_work(schedule, world_size, micro_batch, weights)
+        raise RetargetError(target, exc.problems, advice) from None
     hint = PlacementHint(world_size=world_size, micro_batch=micro_batch)
     return RetargetedSchedule(
         schedule=replace(schedule, placement=hint),
@@ -183,3 +188,45 @@ def retarget(
         stages=tuple(stages),
         source=schedule.placement,
     )
+
+
+def _placeable(
+    schedule: Schedule, world_size: int, micro_batch: int | None, weights: Sequence[float] | None
+) -> bool:
+    try:
+        place(schedule, world_size, micro_batch, weights)
+    except PlacementError:
+        return False
+    return True
+
+
+def _what_would_work(
+    schedule: Schedule,
+    world_size: int,
+    micro_batch: int | None,
+    weights: Sequence[float] | None,
+    show: int = 6,
+) -> list[str]:
+    """What to change when a target does not fit: the micro-batch sizes that would work on
+    ``world_size`` workers, else the world sizes (up to the one asked for) that would."""
+    if weights is None and _placeable(schedule, world_size, None, None):
+        smallest = min(st.batch_size for st in schedule.stages) // world_size
+        micros = [m for m in range(smallest, 0, -1) if _placeable(schedule, world_size, m, None)]
+        if micros:
+            listed = ", ".join(str(m) for m in micros[:show])
+            more = ", ..." if len(micros) > show else ""
+            return [f"micro-batch sizes that work on {world_size} workers: {listed}{more}"]
+    if weights is not None:
+        return []
+    worlds = [w for w in range(world_size, 0, -1) if _placeable(schedule, w, micro_batch, None)]
+    if not worlds:
+        return []
+    listed = ", ".join(str(w) for w in worlds[:show])
+    more = ", ..." if len(worlds) > show else ""
+    smallest = min(st.batch_size for st in schedule.stages)
+    return [
+        f"world sizes up to {world_size} that work"
+        f"{'' if micro_batch is None else f' with micro-batch {micro_batch}'}: {listed}{more} "
+        f"(the schedule's smallest global batch is {smallest}; for more workers, tune with "
+        "larger batches)"
+    ]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from tuner.emitters import emit_deepspeed, emit_megatron
+from tuner.emitters import MEGATRON_ARRAY, emit_deepspeed, emit_megatron
 from tuner.errors import ValidationError
 from tuner.retarget import RetargetError
 from tuner.schedule import Schedule, Stage
@@ -49,7 +51,7 @@ def _megatron_batches(args: tuple[str, ...], total: int) -> list[int]:
     return out
 
 
-def test_megatron_ramp_for_a_ramp_like_schedule_is_exact() -> None:
+def test_megatron_ramp_for_a_ramp_like_schedule_is_exact(tmp_path: Path) -> None:
     schedule = ramp_like()
     result = emit_megatron(schedule, 3072, data_parallel_size=2, micro_batch=64)
     assert result.limitations == ()
@@ -63,7 +65,21 @@ def test_megatron_ramp_for_a_ramp_like_schedule_is_exact() -> None:
     assert _megatron_batches(args, result.artefact.train_samples) == expected
     assert result.artefact.max_batch_deviation == 0.0
     assert "exact" in result.text
-    assert shlex.split(result.text.replace("\\\n", " "), comments=True) == list(args)
+    # The file is bash: sourced, it defines the arguments as an array, exactly these.
+    script = tmp_path / "args.sh"
+    script.write_text(result.text, encoding="utf-8")
+    shown = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'source {shlex.quote(str(script))} && printf "%s\\n" "${{{MEGATRON_ARRAY}[@]}}"',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert shown == list(args)
+    assert subprocess.run(["bash", str(script)], check=False).returncode == 0
 
 
 def test_megatron_step_schedule_warns_with_the_deviation() -> None:

@@ -240,3 +240,9 @@ def test_retarget_reports_every_stage_that_cannot_be_placed() -> None:
     assert "stage 2 (epochs 3-8)" in message
     assert "stage 3 (epochs 8-12)" in message
     assert len(info.value.problems) == 3
+    # And what would work instead.
+    assert info.value.advice == (
+        "world sizes up to 48 that work: 32, 16, 8, 4, 2, 1 (the schedule's smallest global "
+        "batch is 64; for more workers, tune with larger batches)",
+    )
+    assert message.endswith(info.value.advice[0])

@@ -50,8 +50,12 @@ def run(*args: str) -> tuple[int, str, str]:
 
 
 def test_export_yaml_and_retargeted_yaml(study: int, sqlite_url: str, tmp_path: Path) -> None:
-    code, out, _ = run("export", str(study), "--database-url", sqlite_url)
+    code, out, err = run("export", str(study), "--database-url", sqlite_url)
     assert code == 0
+    # It says which study and trial it exported, and from which database.
+    assert err.strip().splitlines()[-1] == (
+        f"exported study {study} (cli), trial 0 from the database {sqlite_url}"
+    )
     validate_document(yaml.safe_load(out), export=True)
     schedule = Schedule.from_yaml(out)
     assert schedule.stages == tuned().stages
@@ -71,7 +75,7 @@ def test_export_yaml_and_retargeted_yaml(study: int, sqlite_url: str, tmp_path: 
     assert placed.stages == tuned().stages
 
 
-def test_export_deepspeed_and_megatron(study: int, sqlite_url: str) -> None:
+def test_export_deepspeed_and_megatron(study: int, sqlite_url: str, tmp_path: Path) -> None:
     code, out, err = run(
         "export", str(study), "--database-url", sqlite_url, "--format", "deepspeed",
         "--world-size", "8", "--micro-batch", "32", "--dataset-size", str(N),
@@ -85,6 +89,25 @@ def test_export_deepspeed_and_megatron(study: int, sqlite_url: str) -> None:
             == c["train_batch_size"]
         )
     assert "warning: DeepSpeed's batch size (train_batch_size) is fixed" in err
+    assert "--out DIR writes what DeepSpeed takes" in err
+
+    # With --out DIR: what DeepSpeed takes, one plain config per stage, and the index.
+    out_dir = tmp_path / "ds"
+    code, _, err = run(
+        "export", str(study), "--database-url", sqlite_url, "--format", "deepspeed",
+        "--world-size", "8", "--micro-batch", "32", "--dataset-size", str(N), "-o", str(out_dir),
+    )  # fmt: skip
+    assert code == 0
+    index = json.loads((out_dir / "stages.json").read_text())
+    assert [s["config_file"] for s in index["stages"]] == [
+        f"ds_config_stage{i + 1}.json" for i in range(len(plan["stages"]))
+    ]
+    for entry, stage in zip(index["stages"], plan["stages"], strict=True):
+        config = json.loads((out_dir / entry["config_file"]).read_text())
+        assert config == stage["config"]  # a DeepSpeed config as is, nothing wrapped around
+        assert entry["epochs"] == stage["epochs"]
+    assert index["limitations"]
+    assert "config_file" in index["how_to_run"]
 
     code, out, err = run(
         "export", str(study), "--database-url", sqlite_url, "--format", "megatron",
@@ -94,6 +117,20 @@ def test_export_deepspeed_and_megatron(study: int, sqlite_url: str) -> None:
     assert "--rampup-batch-size 64" in out
     assert "--micro-batch-size 32" in out  # 2 tuned workers: 64 = 2 x 32
     assert "warning: Megatron-LM changes the global batch only through" in err
+    # Written to a file, it is bash a launcher can source as is.
+    args_file = tmp_path / "args.sh"
+    code, _, _ = run(
+        "export", str(study), "--database-url", sqlite_url, "--format", "megatron",
+        "--dataset-size", str(N), "-o", str(args_file),
+    )  # fmt: skip
+    assert code == 0
+    shown = subprocess.run(
+        ["bash", "-c", f'source "{args_file}" && echo "${{STAGETUNE_MEGATRON_ARGS[@]}}"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "--rampup-batch-size 64" in shown
 
 
 def _main(*args: str) -> subprocess.CompletedProcess[str]:

@@ -43,8 +43,9 @@ def _open_store(database_url: str | None) -> Any:
 
 def _fetch(
     study: int, trial: int | None, database_url: str | None, url: str | None, token: str | None
-) -> Any:
-    """The exported schedule, from the store or from a running service."""
+) -> tuple[Any, str]:
+    """The exported schedule, from the store or from a running service, and a line saying
+    which it is."""
     from tuner.export import export_schedule
     from tuner.schedule import Schedule
 
@@ -57,12 +58,28 @@ def _fetch(
             else f"/studies/{study}/trials/{trial}/schedule.yaml"
         )
         with ApiClient(url, token) as client:
-            return Schedule.from_yaml(client.request("GET", path).text)
+            schedule = Schedule.from_yaml(client.request("GET", path).text)
+        return schedule, _what(schedule, study, f"the service at {url}")
+    from tuner.store.engine import display_url
+
     store = _open_store(database_url)
     try:
-        return export_schedule(store, study, trial)
+        schedule = export_schedule(store, study, trial)
+        return schedule, _what(schedule, study, f"the database {display_url(store.url)}")
     finally:
         store.close()
+
+
+def _what(schedule: Any, study: int, source: str) -> str:
+    """Which study and trial were exported, from where (the default database is the one in
+    the current directory, which may not be the running service's): said once the export is
+    written."""
+    prov = schedule.provenance if isinstance(schedule.provenance, Mapping) else {}
+    number = prov.get("trial_number")
+    name = prov.get("study_name")
+    what = f"study {study}" + (f" ({name})" if name else "")
+    what += f", trial {number}" if number is not None else ""
+    return f"exported {what} from {source}"
 
 
 def _dataset_size(schedule: Any, given: int | None) -> int:
@@ -121,7 +138,12 @@ def export(
         ExportFormat, typer.Option("--format", help="yaml, megatron or deepspeed.")
     ] = ExportFormat.yaml,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Write here instead of stdout.")
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Write here instead of stdout (deepspeed: a directory, one config per stage).",
+        ),
     ] = None,
     dataset_size: Annotated[
         int | None,
@@ -151,13 +173,13 @@ def export(
 
     What a format cannot express is printed to stderr as warnings.
     """
-    from tuner.emitters import emit_deepspeed, emit_megatron
+    from tuner.emitters import deepspeed_files, emit_deepspeed, emit_megatron
     from tuner.export import render_yaml
     from tuner.retarget import retarget
 
     if micro_batch is not None and world_size is None and fmt is ExportFormat.yaml:
         raise typer.BadParameter("--micro-batch needs --world-size", param_hint="--micro-batch")
-    schedule = _fetch(study, trial, database_url, url, token)
+    schedule, exported = _fetch(study, trial, database_url, url, token)
     hint = schedule.placement
     workers = world_size or (hint.world_size if hint else 1)
     micro = micro_batch if micro_batch is not None else (hint.micro_batch if hint else None)
@@ -169,6 +191,7 @@ def export(
             for line in placed.describe():
                 typer.echo(line, err=True)
             _write(placed.to_yaml(), out)
+        typer.echo(exported, err=True)
         return
     n = _dataset_size(schedule, dataset_size)
     if fmt is ExportFormat.megatron:
@@ -177,7 +200,28 @@ def export(
         result = emit_deepspeed(schedule, n, workers, micro)
     for text in result.limitations:
         typer.echo(f"warning: {text}", err=True)
+    if fmt is ExportFormat.deepspeed and out is not None:
+        _write_dir(deepspeed_files(result.artefact, result.limitations), out)
+        typer.echo(exported, err=True)
+        return
+    if fmt is ExportFormat.deepspeed:
+        typer.echo(
+            "note: this is every stage's config in one document; --out DIR writes what "
+            "DeepSpeed takes: one ds_config_stage<N>.json per stage and stages.json",
+            err=True,
+        )
     _write(result.text, out)
+    typer.echo(exported, err=True)
+
+
+def _write_dir(files: Mapping[str, str], out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out / name).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ValidationError(f"cannot write to {out}: {exc.strerror or exc}") from None
+    typer.echo(f"written to {out}/: {', '.join(sorted(files))}", err=True)
 
 
 @app.command()
