@@ -344,6 +344,7 @@
     cards.push(
       kpi(bestLabel, isNum(st.best_value) ? esc(fmtObjective(st.best_value, name)) : "—",
         best ? (seeded ? esc(seeded.seeds_text) + " · " : "") + "trial #" + best.number +
+          (best.baseline ? " (" + esc(baselineLabel(best.baseline)) + " baseline)" : "") +
           " · <code>" + fmtSummary(best.summary) + "</code>" :
           "no completed trial yet", "kpi-best")
     );

@@ -946,6 +946,8 @@ def test_headline_against_a_baseline_states_the_direction_of_the_table(
 
     page.goto(f"{server.base_url}/studies/{seeded.running_id}")
     page.wait_for_selector("#comparison-table")
+    # The best card says the best so far is a baseline, and which.
+    assert f"trial #{best.number} (small batch baseline)" in page.locator("#kpi-best").inner_text()
     card = page.locator("#kpi-baseline")
     assert "Goyal" in card.locator(".kpi-label").text_content()
     value = " ".join(card.locator(".kpi-value").inner_text().split())
