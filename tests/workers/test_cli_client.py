@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -295,11 +296,41 @@ def test_cancel_and_delete_through_the_cli(server: Server, tmp_path: Path) -> No
 
 
 def test_every_command_has_help() -> None:
-    for command in ("submit", "status", "cancel", "delete"):
+    for command in ("submit", "status", "cancel", "delete", "export"):
         done = stagetune(command, "--help")
         assert done.returncode == 0
         assert "--url" in done.stdout
-        assert "STAGETUNE_URL" in done.stdout
+        assert "[env var: STAGETUNE_URL]" in done.stdout
+
+
+ALL_COMMANDS = (
+    "", "submit", "status", "cancel", "delete", "export", "replay", "tune", "demo", "worker",
+    "serve",
+)  # fmt: skip
+
+
+def test_help_has_one_style() -> None:
+    """Every command's --help: no Python types as metavars (``<bool>``, ``<list[str]>``), a
+    value shown by its name in capitals, environment variables shown one way."""
+    for command in ALL_COMMANDS:
+        done = stagetune(*([command] if command else []), "--help")
+        assert done.returncode == 0, done.stderr
+        text = done.stdout
+        assert not re.search(r"<(bool|str|int|float|list|path)", text), (command, text)
+        assert not re.search(r"\(STAGETUNE_[A-Z_]+\)", text), (command, text)
+        for line in text.splitlines():
+            if re.search(r"--help\b", line):
+                assert "bool" not in line.lower()
+    export = stagetune("export", "--help").stdout
+    assert re.search(r"--world-size\s+WORLD_SIZE", export)
+    assert re.search(r"Usage: stagetune export \[OPTIONS\] \W?STUDY", export)
+
+
+def test_a_bad_option_value_is_a_usage_error_with_exit_2() -> None:
+    done = stagetune("status", "--limit", "0", "--url", "http://127.0.0.1:9")
+    assert done.returncode == 2
+    assert "Invalid value for '--limit'" in done.stderr
+    assert "Try 'stagetune status --help' for help." in done.stderr
 
 
 # --- submit --wait ------------------------------------------------------------------------

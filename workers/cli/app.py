@@ -7,8 +7,9 @@ shows the traceback instead.
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
+import click
 import typer
 
 from tuner import __version__
@@ -75,10 +76,35 @@ def exit_code_for(error: BaseException) -> int:
     return EXIT_FAILURE
 
 
+def build_command() -> Any:
+    """The command tree of :data:`app` (Typer's own copy of click), with one help style:
+    flags show no value, a value shows as its name in capitals (``--url URL``, ``STUDY``),
+    as well-kept CLIs do (Typer would print each parameter's Python type: ``<bool>``,
+    ``<list[str]>``)."""
+    root: Any = typer.main.get_command(app)
+
+    def tidy(command: Any) -> None:
+        helper = command.get_help_option(command.context_class(command))
+        for param in [*command.params, *([helper] if helper is not None else [])]:
+            if getattr(param, "is_flag", False):
+                param.metavar = ""
+            elif param.metavar is None:
+                longest = max((*param.opts, param.name or ""), key=len)
+                param.metavar = longest.lstrip("-").replace("-", "_").upper()
+            if param.param_type_name == "argument":
+                # Typer prints an argument's Python type after its name: the name says it.
+                param.display_type_rich = lambda ctx: None
+        for sub in getattr(command, "commands", {}).values():
+            tidy(sub)
+
+    tidy(root)
+    return root
+
+
 def main() -> None:
     """Console entry point (``stagetune``)."""
     try:
-        app(standalone_mode=False)
+        build_command().main(standalone_mode=False)
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except typer.Abort:
@@ -88,11 +114,12 @@ def main() -> None:
         typer.echo("Interrupted.", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except Exception as error:  # the one place every command's errors end up
-        import click
-
-        if isinstance(error, click.ClickException):
+        # Typer (0.2x) raises its own copy of click's exceptions (usage errors: exit 2).
+        if isinstance(error, click.ClickException | typer.TyperException) and hasattr(
+            error, "show"
+        ):
             error.show()
-            sys.exit(error.exit_code)
+            sys.exit(int(getattr(error, "exit_code", EXIT_USAGE)))
         if _state["debug"]:
             raise
         kind = "error" if isinstance(error, StagetuneError) else type(error).__name__

@@ -155,17 +155,29 @@ def export(
     ] = None,
     database_url: Annotated[
         str | None,
-        typer.Option("--database-url", help="Study database (default: embedded SQLite)."),
+        typer.Option(
+            "--database-url",
+            help="Study database (default: STAGETUNE_DATABASE_URL, else the embedded SQLite "
+            "under ./stagetune-data).",
+        ),
     ] = None,
     url: Annotated[
         str | None,
         typer.Option(
-            "--url", help="Fetch from a running stagetune service instead of the database."
+            "--url",
+            envvar="STAGETUNE_URL",
+            show_envvar=True,
+            help="Fetch from a running stagetune service instead of the database.",
         ),
     ] = None,
     token: Annotated[
         str | None,
-        typer.Option("--token", envvar="STAGETUNE_API_TOKEN", help="Bearer token for --url."),
+        typer.Option(
+            "--token",
+            envvar="STAGETUNE_API_TOKEN",
+            show_envvar=True,
+            help="Bearer token for --url.",
+        ),
     ] = None,
 ) -> None:
     """Export a study's best (or --trial N) schedule with provenance, optionally re-targeted

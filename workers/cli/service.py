@@ -155,11 +155,24 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 @app.command()
 def serve(
     host: Annotated[
-        str | None, typer.Option("--host", help="Interface to listen on (STAGETUNE_HOST).")
+        str | None,
+        typer.Option(
+            "--host",
+            envvar="STAGETUNE_HOST",
+            show_envvar=True,
+            help="Interface to listen on. [default: 127.0.0.1]",
+        ),
     ] = None,
     port: Annotated[
         int | None,
-        typer.Option("--port", min=1, max=65535, help="Port to listen on (STAGETUNE_PORT)."),
+        typer.Option(
+            "--port",
+            min=1,
+            max=65535,
+            envvar="STAGETUNE_PORT",
+            show_envvar=True,
+            help="Port to listen on. [default: 8000]",
+        ),
     ] = None,
     dispatcher: Annotated[
         bool,
@@ -177,7 +190,8 @@ def serve(
             min=1,
             max=64,
             envvar="STAGETUNE_API_WORKERS",
-            help="API server processes (STAGETUNE_API_WORKERS). One process answers one "
+            show_envvar=True,
+            help="API server processes. One process answers one "
             "request at a time (the GIL); with several cores, 2 or more keep a slow request "
             "from delaying the others.",
         ),
