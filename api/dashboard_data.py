@@ -589,14 +589,15 @@ def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
     ``storage_url`` (the service database): one ranking per objective value.
 
     The evaluator is PED-ANOVA (``optuna.importance.PedAnovaImportanceEvaluator``): how much
-    each parameter's distribution in the best trials (top 10 %, at least 5 trials) differs
-    from its distribution in all of them. It handles the conditional space (``share_2`` only
-    exists with three stages and more) and takes well under a second on 1,000 trials, where
-    fANOVA takes minutes. Complete, feasible tuned trials only: baselines are not Optuna
-    trials, ASHA-stopped ones are pruned, and those the engine told as infeasible (never
-    trained) are left out. Returns ``{"available": False, "note": why}`` when the database
-    has no Optuna tables, the study has no Optuna study, or it has fewer than
-    :data:`MIN_IMPORTANCE_TRIALS` usable trials.
+    each parameter's distribution in the best trials (top 10 %, at least 5 trials, at most
+    half) differs from its distribution in all of them. It handles the conditional space
+    (``share_2`` only exists with three stages and more) and takes well under a second on
+    1,000 trials, where fANOVA takes minutes. Tuned trials with a result: completed ones, and
+    (single objective) those ASHA stopped, at the accuracy of their last reported epoch (the
+    note says how many of each); baselines are not Optuna trials, and those the engine told
+    as infeasible (never trained) are left out. Returns ``{"available": False, "note": why}``
+    when the database has no Optuna tables, the study has no Optuna study, or it has fewer
+    than :data:`MIN_IMPORTANCE_TRIALS` usable trials.
     """
     import optuna  # heavy; only this endpoint needs it
     from sqlalchemy import create_engine, inspect
@@ -622,40 +623,58 @@ def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
             return _unavailable("no Optuna study found for this study")
         loaded = optuna.load_study(study_name=name, storage=storage)
         directions = loaded.directions
-        frozen = [
-            t
-            for t in loaded.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if not t.user_attrs.get("stagetune_infeasible")
-            and t.values is not None
-            and all(math.isfinite(v) for v in t.values)
-            and t.params
-        ]
+        # (params, distributions, values) of each usable trial: completed ones with their
+        # values; for a single objective also those ASHA stopped, at the accuracy of the last
+        # epoch they reported (their score when the search let them go).
+        usable: list[tuple[dict[str, Any], dict[str, Any], list[float]]] = []
+        stopped = 0
+        for t in loaded.get_trials(deepcopy=False):
+            if t.user_attrs.get("stagetune_infeasible") or not t.params:
+                continue
+            if t.state is optuna.trial.TrialState.COMPLETE and t.values is not None:
+                if all(math.isfinite(v) for v in t.values):
+                    usable.append((t.params, t.distributions, list(t.values)))
+            elif (
+                t.state is optuna.trial.TrialState.PRUNED
+                and len(directions) == 1
+                and t.intermediate_values
+            ):
+                last = t.intermediate_values[max(t.intermediate_values)]
+                if math.isfinite(last):
+                    usable.append((t.params, t.distributions, [last]))
+                    stopped += 1
         names_attr = loaded.user_attrs.get("stagetune_objective")
     finally:
         storage.engine.dispose()
-    if len(frozen) < MIN_IMPORTANCE_TRIALS:
+    completed = len(usable) - stopped
+    if len(usable) < MIN_IMPORTANCE_TRIALS:
+        when = (
+            "; the study has finished (a study with more trials shows it)"
+            if study.is_finished
+            else " so far"
+        )
         return _unavailable(
-            f"parameter importance needs at least {MIN_IMPORTANCE_TRIALS} completed tuned "
-            f"trials; the Optuna study has {len(frozen)} so far",
+            f"parameter importance needs at least {MIN_IMPORTANCE_TRIALS} tuned trials with "
+            f"a result (completed, or stopped early by ASHA); this study has {len(usable)}"
+            f"{when}. Baselines are not in the Optuna study",
             optuna_study=name,
-            n_trials=len(frozen),
+            n_trials=len(usable),
         )
     value_names = (
         [str(n) for n in names_attr]
         if isinstance(names_attr, list) and len(names_attr) == len(directions)
         else [f"objective {i}" for i in range(len(directions))]
     )
-    top = min(1.0, max(_IMPORTANCE_TOP, _IMPORTANCE_TOP_MIN / len(frozen)))
+    # PED-ANOVA needs its top quantile below the whole (1.0): at most half of few trials.
+    top = min(0.5, max(_IMPORTANCE_TOP, _IMPORTANCE_TOP_MIN / len(usable)))
     objectives = []
     for index, (value_name, direction) in enumerate(zip(value_names, directions, strict=True)):
         # One single-objective copy per value, so "best" follows that value's direction.
         copy = optuna.create_study(direction=direction)
         copy.add_trials(
             [
-                optuna.trial.create_trial(
-                    params=t.params, distributions=t.distributions, value=t.values[index]
-                )
-                for t in frozen
+                optuna.trial.create_trial(params=params, distributions=dists, value=values[index])
+                for params, dists, values in usable
             ]
         )
         try:
@@ -674,7 +693,7 @@ def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
             return _unavailable(
                 f"Optuna could not compute parameter importance: {exc}",
                 optuna_study=name,
-                n_trials=len(frozen),
+                n_trials=len(usable),
             )
         objectives.append(
             {
@@ -686,15 +705,18 @@ def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
                 ],
             }
         )
-    best_n = max(1, round(top * len(frozen)))
+    best_n = max(1, round(top * len(usable)))
+    which = f"{completed} completed" + (
+        f" and {stopped} stopped early (at their last epoch's accuracy)" if stopped else ""
+    )
     return {
         "available": True,
-        "note": (
-            f"PED-ANOVA: what sets the best {best_n} of {len(frozen)} completed tuned trials apart"
-        ),
+        "note": f"PED-ANOVA: what sets the best {best_n} of {len(usable)} tuned trials "
+        f"({which}) apart",
         "evaluator": "ped_anova",
         "optuna_study": name,
-        "n_trials": len(frozen),
+        "n_trials": len(usable),
+        "n_stopped": stopped,
         "objectives": objectives,
     }
 
