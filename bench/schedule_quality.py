@@ -361,9 +361,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="stagetune-bench-") as tmp:
             run = run_tuning_study(spec, Path(tmp))
         trial_epochs = sum(int(t["epochs_done"]) for t in run.trials)
+        compute = float(run.summary.get("compute_epochs") or trial_epochs)
+        seeded = run.summary.get("seed_runs") or {}
+        picked = run.summary.get("best") or {}
+        seed_note = ""
+        if seeded:
+            stats = picked.get("seeds") or {}
+            seed_note = (
+                f"; picked on {len(seeded.get('seeds') or ())} fresh seeds among "
+                f"{len(seeded.get('finalists') or ())} finalists (val "
+                f"{100 * (stats.get('val_accuracy_mean') or 0):.2f} +/- "
+                f"{100 * (stats.get('val_accuracy_std') or 0):.2f}%, seed runs "
+                f"{float(seeded.get('compute_epochs') or 0):.0f} trial-epochs; the search's "
+                f"single-run best was trial {seeded.get('search_pick')})"
+            )
         print(
-            f"tuning done in {run.wall_time_s:.0f} s, {trial_epochs} trial-epochs; best trial "
-            f"{run.best_number}",
+            f"tuning done in {run.wall_time_s:.0f} s, {trial_epochs} trial-epochs trained by the "
+            f"trials, {compute:.0f} in all (probes, seed runs); best trial {run.best_number}"
+            f"{seed_note}",
             flush=True,
         )
         if run.best_yaml is None:
@@ -372,11 +387,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         best = next(t for t in run.trials if t["number"] == run.best_number)
         tuning = {
             "source": f"study run here: {budget}; took {run.wall_time_s:.0f} s wall, "
-            f"{trial_epochs} trial-epochs; best trial {run.best_number} (val "
-            f"{100 * (best['val_accuracy'] or 0):.2f}%)",
+            f"{trial_epochs} trial-epochs by the trials, {compute:.0f} in all (cooldown probes, "
+            f"seed runs); best trial {run.best_number} (val "
+            f"{100 * (best['val_accuracy'] or 0):.2f}% on the study seed){seed_note}",
             "budget": budget,
             "wall_time_s": run.wall_time_s,
             "trial_epochs": trial_epochs,
+            "compute_epochs": compute,
+            "seed_runs": seeded or None,
             "best_number": run.best_number,
             "best_val_accuracy": best["val_accuracy"],
             "yaml": run.best_yaml,
