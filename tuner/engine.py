@@ -42,6 +42,7 @@ baseline).
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import json
 import logging
@@ -73,6 +74,7 @@ from tuner.engine_search import (
 )
 from tuner.errors import StagetuneError, ValidationError
 from tuner.objectives import StudyObjective, TrialOutcome, summarize, trial_status
+from tuner.pbt import LINEAGE_KEY, SchedulePBT, initial_schedules, pbt_interval
 from tuner.prefixes import PrefixStore
 from tuner.schedule import Schedule
 from tuner.seeds import SeedStats, finalists, fresh_seeds, seed_stats
@@ -98,6 +100,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CHECKPOINT_PERIOD_ENV: Final = "TUNE_GLOBAL_CHECKPOINT_S"
+#: Config key of a PBT trial's own settings (schedule, metadata), unpacked by the trainable.
+PBT_TRIAL_KEY: Final = "pbt_trial"
 #: Config key of a seed run (``{"seed": .., "seeds": .., "runs": ..}``); trainables ignore it.
 SEED_RUN_KEY: Final = "seed_run"
 
@@ -327,7 +331,8 @@ def outcome_of(
     try:
         schedule = Schedule.from_dict(schedule_dict)
         summary = schedule.summary()
-        if meta.baseline is not None and train_size is not None:
+        # Baselines and PBT's lineages are not drawn under the constraint: check them.
+        if train_size is not None and (meta.baseline is not None or config.get(LINEAGE_KEY)):
             violations = constraint_violations(schedule, objective.spec, train_size)
             feasible = all(v <= 0 for v in violations.values())
     except ValidationError:
@@ -368,6 +373,7 @@ def outcome_of(
             "compute_epochs": compute,
             "forked_epochs": int(forked or 0),
             "candidate": meta.candidate,
+            "pbt_lineage": config.get(LINEAGE_KEY),
         },
     )
 
@@ -620,8 +626,17 @@ class TuningEngine:
             and self.objective.scheduler_metric is not None
         )
 
+    @property
+    def pbt(self) -> bool:
+        """Whether the study searches with Population Based Training (:mod:`tuner.pbt`)."""
+        return self.resolved.spec.budget.search == "pbt"
+
     def probe_epochs(self) -> tuple[int, ...]:
-        """The epoch counts after which tuned trials run a cooldown probe: ASHA's rungs."""
+        """The epoch counts after which tuned trials run a cooldown probe: ASHA's rungs, or
+        PBT's perturbation epochs."""
+        if self.pbt:
+            every = pbt_interval(self.space, self.resolved.spec.budget.pbt_interval_epochs)
+            return tuple(range(every, self.resolved.total_epochs, every))
         if not self.probes:
             return ()
         budget = self.resolved.spec.budget
@@ -634,12 +649,12 @@ class TuningEngine:
         spec = self.resolved.spec
         res = spec.resources
         probes: dict[str, Any] = {}
-        if self.probes:
+        if self.probes or self.pbt:
             probes = {
                 "probe_at": list(self.probe_epochs()),
                 "probe_fraction": spec.budget.probe_fraction,
             }
-        if spec.budget.prefix_store_mb > 0:
+        if spec.budget.prefix_store_mb > 0 and not self.pbt:
             probes["prefix_store"] = str(self.prefix_store_path)
             probes["prefix_store_bytes"] = spec.budget.prefix_store_mb * 2**20
         return {
@@ -690,7 +705,7 @@ class TuningEngine:
     def _prefix_summary(self, outcomes: Sequence[TrialOutcome]) -> dict[str, Any] | None:
         """Disk the prefix states take and what forks saved (``None`` when forks are off)."""
         store = self.prefix_store()
-        if store is None:
+        if store is None or self.pbt:
             return None
         usage = store.usage()
         forked = [int(o.extra.get("forked_epochs") or 0) for o in outcomes]
@@ -702,12 +717,28 @@ class TuningEngine:
             "epochs_reused": sum(forked),
         }
 
+    def _pbt_summary(self, outcomes: Sequence[TrialOutcome]) -> dict[str, Any]:
+        """PBT's perturbation epochs and, per tuned trial, the clones its lineage went
+        through (``[[epoch, trial cloned], ...]``)."""
+        every = pbt_interval(self.space, self.resolved.spec.budget.pbt_interval_epochs)
+        return {
+            "interval_epochs": every,
+            "population": self.budget - len(self.baselines),
+            "lineages": {
+                str(o.number): o.extra.get("pbt_lineage") or []
+                for o in outcomes
+                if o.baseline is None
+            },
+        }
+
     def noise_candidate_note(self) -> str | None:
         """Why this study gets no noise-scale candidate (``None``: it does, once the
         small-batch baseline has run)."""
         spec = self.resolved.spec
         if not spec.budget.noise_candidate:
             return "off (budget.noise_candidate: false)"
+        if self.pbt:
+            return "PBT grows its own population's schedules (budget.search: pbt)"
         if not self.baselines:
             return "it follows the small-batch baseline's measurements; baselines are off"
         if self.objective.is_multi:
@@ -760,6 +791,12 @@ class TuningEngine:
 
     def make_scheduler(self) -> TrialScheduler:
         budget = self.resolved.spec.budget
+        if self.pbt:
+            return SchedulePBT(
+                self.space,
+                interval=pbt_interval(self.space, budget.pbt_interval_epochs),
+                seed=self.resolved.spec.seed,
+            )
         metric = self.objective.scheduler_metric
         if metric is None or not budget.early_stopping:
             return FIFOScheduler()  # type: ignore[no-untyped-call]
@@ -780,7 +817,12 @@ class TuningEngine:
         the experiment directory holds a readable experiment, else a new one (an unreadable
         directory is set aside first)."""
         path = self.experiment_path
-        if tune.Tuner.can_restore(str(path)):
+        if self.pbt and tune.Tuner.can_restore(str(path)):
+            # Tune keeps no PBT state (who is in which quantile, the pending clones) with the
+            # experiment: a PBT study resumes from the database, where its finished trials
+            # are, and its unfinished population starts again.
+            set_aside(path, "a PBT experiment is resumed from the database, not by Tune")
+        elif tune.Tuner.can_restore(str(path)):
             problem, saved_trials = unreadable_state(path)
             if problem is None:
                 log.info("resuming the Tune experiment at %s", path)
@@ -793,6 +835,59 @@ class TuningEngine:
             set_aside(path, problem)
         return self._new_tuner(), None
 
+    def pbt_configs(self) -> list[dict[str, Any]]:
+        """The PBT experiment's trials: the baselines, then the population's starting points
+        (numbered densely after them; trials the database holds as finished are not run
+        again)."""
+        schedules: list[tuple[str | None, Schedule]] = [
+            (b.name, b.schedule) for b in self.baselines
+        ]
+        population = self.budget - len(self.baselines)
+        starts = initial_schedules(self.space, population, self.resolved.spec.seed)
+        schedules += [(None, s) for s in starts]
+        finished = {p.number for p in self.prior_trials if p.finished}
+        return [
+            {
+                "schedule": schedule.to_dict(),
+                META_KEY: TrialMeta(number=i, baseline=name, params={}).to_dict(),
+                # Baselines are not probed; the population's lineage starts empty.
+                **({"probe_at": []} if name is not None else {LINEAGE_KEY: []}),
+            }
+            for i, (name, schedule) in enumerate(schedules)
+            if i not in finished
+        ]
+
+    def _new_pbt_tuner(self, run_config: tune.RunConfig) -> tune.Tuner:
+        # PBT refuses a Searcher (it replaces configs itself): the trials are a grid of their
+        # own configs over the shared keys.
+        configs = self.pbt_configs()
+        common = self.common_config()
+        # One grid point per trial; its own keys are lifted to the top of the config, where
+        # the trainable and the engine read them.
+        own = {
+            key: tune.sample_from(_pick(configs, key, common.get(key)))
+            for key in ("schedule", META_KEY, "probe_at", LINEAGE_KEY)
+        }
+        return tune.Tuner(
+            self.trainable,
+            param_space={
+                **common,
+                PBT_TRIAL_KEY: tune.grid_search(list(range(len(configs)))),
+                **own,
+            },
+            tune_config=tune.TuneConfig(
+                scheduler=self.make_scheduler(),
+                num_samples=1,
+                # The whole population must exist for PBT to compare it (a limit would create
+                # the trials one by one); the cluster's resources still bound how many train
+                # at once, and PBT's choose_trial_to_run shares them out.
+                max_concurrent_trials=len(configs),
+                reuse_actors=True,
+                trial_dirname_creator=_trial_dirname,
+            ),
+            run_config=run_config,
+        )
+
     def _new_tuner(self) -> tune.Tuner:
         run_config = tune.RunConfig(
             name=self.experiment_name,
@@ -803,6 +898,8 @@ class TuningEngine:
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
             verbose=0,
         )
+        if self.pbt:
+            return self._new_pbt_tuner(run_config)
         tune_config = tune.TuneConfig(
             search_alg=self.make_searcher(),
             scheduler=self.make_scheduler(),
@@ -990,8 +1087,10 @@ class TuningEngine:
                     "at_epochs": list(self.probe_epochs()),
                     "fraction": self.resolved.spec.budget.probe_fraction,
                 }
-                if self.probes
+                if self.probes or self.pbt
                 else None,
+                "search": self.resolved.spec.budget.search,
+                "pbt": self._pbt_summary(outcomes) if self.pbt else None,
                 "prefixes": self._prefix_summary(outcomes),
                 "noise_candidate": self._noise_summary(outcomes),
                 # Trial-epochs this run trained, cooldown probes and seed runs included
@@ -1037,6 +1136,15 @@ def _quiet_metric_files() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(_METRIC_FILES_FILTER)
+
+
+def _pick(configs: list[dict[str, Any]], key: str, default: Any) -> Callable[[Any], Any]:
+    """For ``tune.sample_from``: the value of ``key`` in the config of the trial's grid point."""
+
+    def value(config: Any) -> Any:
+        return copy.deepcopy(configs[int(config[PBT_TRIAL_KEY])].get(key, default))
+
+    return value
 
 
 def _outcomes(

@@ -458,6 +458,15 @@ def search_text(summary: Mapping[str, Any]) -> str:
         )
     elif isinstance(noise, Mapping) and noise.get("note"):
         parts.append(f"no noise-scale candidate: {noise['note']}")
+    pbt = summary.get("pbt")
+    if isinstance(pbt, Mapping):
+        lineages = pbt.get("lineages") or {}
+        clones = sum(len(v or ()) for v in lineages.values())
+        parts.append(
+            f"PBT: a population of {pbt.get('population')} perturbed every "
+            f"{pbt.get('interval_epochs')} epochs, {clones} clone{'s' if clones != 1 else ''} "
+            "of a better trial's state"
+        )
     prefixes = summary.get("prefixes")
     if isinstance(prefixes, Mapping):
         forks, reused = int(prefixes.get("forks") or 0), int(prefixes.get("epochs_reused") or 0)

@@ -45,6 +45,7 @@ from tuner.objectives import (
     select_best,
     trial_status,
 )
+from tuner.pbt import LINEAGE_KEY
 from tuner.schedule import Schedule
 from tuner.space import constraint_violations
 from tuner.store.records import TrialRecord, TrialStatus
@@ -194,6 +195,11 @@ class StoreProgress(tune.Callback):
         self.train_size = train_size
         self._ids: dict[str, int | None] = {}  # Tune trial id -> store trial id (None: skip)
         self._pending: list[tuple[str, dict[str, Any], bool, str | None]] = []
+        # Trials started in this process, those Tune is retrying after an error, and the
+        # schedule each was last stored with (PBT replaces a trial's schedule).
+        self._seen: set[str] = set()
+        self._recovering: set[str] = set()
+        self._schedules: dict[str, dict[str, Any]] = {}
 
     @property
     def store(self) -> StudyStore:
@@ -215,15 +221,27 @@ class StoreProgress(tune.Callback):
             params = {**params, "candidate": meta.candidate}
         # A start (re-)runs a trial whose previous run cannot go on (``restarts`` + 1);
         # other look-ups only find the trial again.
-        persist = self.store.start_trial if start else self.store.upsert_trial
         try:
-            record = persist(
-                self.study_id,
-                meta.number,
-                dict(trial.config.get("schedule") or {}),
-                params,
-                baseline=meta.baseline,
-            )
+            if start:
+                record = self.store.start_trial(
+                    self.study_id,
+                    meta.number,
+                    dict(trial.config.get("schedule") or {}),
+                    params,
+                    baseline=meta.baseline,
+                    # A PBT trial's stored schedule is the lineage it grew; run again, it
+                    # starts over from its first one.
+                    reschedule=isinstance(trial.config.get(LINEAGE_KEY), list),
+                )
+            else:
+                record = self.store.upsert_trial(
+                    self.study_id,
+                    meta.number,
+                    dict(trial.config.get("schedule") or {}),
+                    params,
+                    baseline=meta.baseline,
+                    any_schedule=isinstance(trial.config.get(LINEAGE_KEY), list),
+                )
         except (ConflictError, InvalidStateError, NotFoundError) as exc:
             log.warning("not persisting trial %s: %s", meta.number, exc)
             self._ids[trial.trial_id] = None
@@ -238,8 +256,44 @@ class StoreProgress(tune.Callback):
         return record.id
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        resumed = trial.trial_id in self._seen and trial.trial_id not in self._recovering
+        self._recovering.discard(trial.trial_id)
+        self._seen.add(trial.trial_id)
+        if resumed and self._ids.get(trial.trial_id) is not None:
+            # Paused and resumed in this run (PBT pauses its population at each perturbation,
+            # and a clone resumes from another trial's checkpoint): the same run goes on.
+            self._store_schedule(trial)
+            return
         self._ids.pop(trial.trial_id, None)  # a restarted trial is looked up again
-        self._record_id(trial, start=True)
+        if self._record_id(trial, start=True) is not None:
+            self._schedules[trial.trial_id] = dict(trial.config.get("schedule") or {})
+
+    def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._recovering.add(trial.trial_id)  # Tune runs it again from scratch
+
+    def _store_schedule(self, trial: Any) -> None:
+        record_id = self._ids.get(trial.trial_id)
+        schedule = trial.config.get("schedule")
+        if record_id is None or not isinstance(schedule, dict):
+            return
+        if schedule == self._schedules.get(trial.trial_id):
+            return
+        # PBT replaced the trial's schedule (a clone, then a new stage): store its lineage,
+        # and the epochs before the clone as those of the trial it cloned.
+        donor_id, epoch = None, 0
+        lineage = trial.config.get(LINEAGE_KEY)
+        if lineage:
+            epoch, donor_number = lineage[-1]
+            donor = self.store.get_trial(self.study_id, int(donor_number))
+            donor_id = donor.id if donor is not None else None
+        try:
+            self.store.set_trial_schedule(
+                record_id, schedule, cloned_from=donor_id, clone_epoch=int(epoch)
+            )
+        except StagetuneError as exc:
+            log.warning("could not update the schedule of trial %s: %s", trial, exc)
+            return
+        self._schedules[trial.trial_id] = dict(schedule)
 
     def on_trial_result(
         self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
@@ -252,6 +306,9 @@ class StoreProgress(tune.Callback):
             self.store.add_epoch_metrics(record_id, epoch, metrics)
         except (InvalidStateError, NotFoundError) as exc:
             log.warning("could not record epoch %s of trial %s: %s", epoch, trial.trial_id, exc)
+        # After the epoch: PBT may have cloned another trial into this one on this very
+        # result (schedulers decide before callbacks), replacing the epochs before the clone.
+        self._store_schedule(trial)
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._pending.append((trial.trial_id, dict(trial.last_result or {}), False, None))
@@ -347,6 +404,9 @@ class StoreProgress(tune.Callback):
         state = self.__dict__.copy()
         state["_pending"] = []
         state["_ids"] = {}
+        state["_seen"] = set()
+        state["_recovering"] = set()
+        state["_schedules"] = {}
         return state
 
 

@@ -397,6 +397,21 @@ class Budget(_Model):
         description="Disk for the trial states saved at stage boundaries (forks start from "
         "them; least recently used go first); 0: save none, every trial trains its whole run.",
     )
+    search: Literal["optuna", "pbt"] = Field(
+        default="optuna",
+        description="optuna: schedules drawn by the Optuna sampler (budget.sampler) with ASHA, "
+        "cooldown probes and prefix reuse; pbt: Ray Tune's Population Based Training over the "
+        "batch size and LR multiplier, a stage boundary at each perturbation (the trials "
+        "after the baselines are the population; single-objective studies).",
+    )
+    pbt_interval_epochs: int | None = Field(
+        strict=True,
+        default=None,
+        ge=1,
+        le=MAX_EPOCHS,
+        description="PBT: epochs between perturbations; null: the run cut into space.stages.max "
+        "segments.",
+    )
     noise_candidate: bool = Field(
         default=True,
         description="Once the small-batch baseline has run, add one candidate whose batch "
@@ -589,6 +604,17 @@ class StudySpec(_Model):
         if epochs is not None:
             problems.extend(_epoch_problems(self, epochs))
         problems.extend(_batch_problems(self))
+        if self.budget.search == "pbt":
+            if not isinstance(self.objective, AccuracyObjective):
+                problems.append(
+                    "budget.search: pbt ranks its population by accuracy: use objective.kind: "
+                    "accuracy, or budget.search: optuna"
+                )
+            elif self.budget.trials - n_baselines < 2:
+                problems.append(
+                    "budget.search: pbt needs a population of at least 2 trials after the "
+                    f"{n_baselines} baselines; raise budget.trials"
+                )
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -39,6 +39,7 @@ from tuner.errors import InvalidStateError, StagetuneError, ValidationError
 from tuner.export import export_yaml
 from tuner.formatting import format_duration
 from tuner.objectives import StudyObjective, TrialOutcome, search_text, trial_status
+from tuner.pbt import LINEAGE_KEY
 from tuner.progress import StoreProgress, StudyWatch, outcome_of_record
 from tuner.schedule import Schedule
 from tuner.seeds import seed_text
@@ -420,6 +421,8 @@ class TrialPrinter(tune.Callback):
         self._seed_runs_done = 0
         self._seed_runs_started = False
         self._console: Any = None
+        # Trials started in this run (Tune id -> clones so far): a resume is no new start.
+        self._started: dict[str, int] = {}
 
     @property
     def console(self) -> Any:
@@ -438,6 +441,19 @@ class TrialPrinter(tune.Callback):
         except ValidationError:
             summary = "?"
         kind = meta.baseline or "tuned"
+        lineage = list(trial.config.get(LINEAGE_KEY) or [])
+        if trial.trial_id in self._started:
+            # Resumed in this run: PBT pauses its population at each perturbation epoch, and
+            # a trial in the worst quarter goes on from a better one's checkpoint.
+            if len(lineage) > self._started[trial.trial_id]:
+                epoch, donor = lineage[-1]
+                self.console.print(
+                    f"  [dim]clone[/dim] trial {meta.number:>3} [{kind}] took trial {donor}'s "
+                    f"state at epoch {epoch}: {summary}"
+                )
+            self._started[trial.trial_id] = len(lineage)
+            return
+        self._started[trial.trial_id] = len(lineage)
         seed_run = trial.config.get(SEED_RUN_KEY)
         if isinstance(seed_run, dict):
             if not self._seed_runs_started:
@@ -452,6 +468,9 @@ class TrialPrinter(tune.Callback):
             )
             return
         self.console.print(f"  [dim]start[/dim] trial {meta.number:>3} [{kind}] {summary}")
+
+    def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._started.pop(trial.trial_id, None)  # Tune runs it again from the start
 
     def _line(self, trial: Any, error: bool) -> None:
         meta = TrialMeta.from_config(trial.config)

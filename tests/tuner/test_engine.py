@@ -66,6 +66,23 @@ def make_fake_trainable() -> type:
             self.wall = 0.0
             self.acc = 0.1
 
+        def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
+            return {
+                "epoch": self.epoch,
+                "acc": self.acc,
+                "steps": self.steps,
+                "samples": self.samples,
+                "wall": self.wall,
+            }
+
+        def load_checkpoint(self, checkpoint: dict[str, Any] | None) -> None:
+            assert checkpoint is not None
+            self.epoch = checkpoint["epoch"]
+            self.acc = checkpoint["acc"]
+            self.steps = checkpoint["steps"]
+            self.samples = checkpoint["samples"]
+            self.wall = checkpoint["wall"]
+
         def step(self) -> dict[str, Any]:
             if self.number == self.cfg.get("fake_fail_number"):
                 raise RuntimeError("simulated worker crash")
@@ -486,6 +503,48 @@ def test_trial_directories_without_metric_files_log_no_warning(
     assert [(o.number, o.val_accuracy, o.steps) for o in again.outcomes] == [
         (o.number, o.val_accuracy, o.steps) for o in first.outcomes
     ]
+
+
+def test_pbt_grows_schedules_by_cloning_and_perturbing_at_its_interval(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """budget.search: pbt: the population starts from one-stage schedules; at each
+    perturbation epoch the worst clone the best and go on with a new stage (batch doubled or
+    kept, LR multiplier perturbed), so every trial's final schedule is a lineage of the
+    space's kind; baselines train beside it, untouched."""
+    text = (
+        "task: digits\nschedule: {total_epochs: 6}\n"
+        "space: {stages: {min: 1, max: 3}, batch_size: {min: 32, max: 512}}\n"
+        "budget: {trials: 11, search: pbt, seed_runs: 0, max_failures: 0}"
+    )
+    eng = engine(tmp_path, text)
+    assert eng.probe_epochs() == (2, 4)  # the run cut into 3 segments: probes at the cuts
+    result = eng.run()
+    assert len(result.outcomes) == 11
+    assert all(o.status == "completed" and o.epochs_done == 6 for o in result.outcomes)
+    pbt = result.summary["pbt"]
+    assert pbt["interval_epochs"] == 2
+    assert pbt["population"] == 8
+    lineages = {int(k): v for k, v in pbt["lineages"].items()}
+    cloned = {n: v for n, v in lineages.items() if v}
+    assert cloned, "the worst quarter clones the best at each perturbation"
+    for o in result.outcomes:
+        schedule = Schedule.from_dict(o.schedule)
+        if o.baseline is not None:
+            assert o.number in (0, 1, 2)
+            assert o.extra.get("pbt_lineage") is None  # never cloned, never perturbed
+            continue
+        batches = [st.batch_size for st in schedule.stages]
+        assert batches == sorted(batches)
+        assert all(b in eng.space.batch_sizes for b in batches)
+        assert len(schedule.stages) <= 3
+        assert all(st.start_epoch % 2 == 0 for st in schedule.stages)
+        for epoch, donor in lineages[o.number]:
+            assert epoch in (2, 4)
+            assert donor not in (0, 1, 2)
+            assert donor != o.number
+    assert result.summary["search"] == "pbt"
+    assert result.summary["noise_candidate"]["note"].startswith("PBT grows")
 
 
 def test_pareto_studies_run_without_early_stopping(ray_session: None, tmp_path: Path) -> None:

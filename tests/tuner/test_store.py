@@ -591,6 +591,65 @@ def test_epoch_metrics_are_idempotent_per_epoch(store: StudyStore) -> None:
     assert count(store, TrialMetricRow) == 2
 
 
+def test_a_pbt_clone_takes_the_donors_schedule_prefix_and_curve(store: StudyStore) -> None:
+    """A PBT trial that cloned another at epoch 2 stores its lineage: the new schedule, its
+    curve's first two epochs copied from the donor (its own later epochs stay), and its
+    epochs_done recounted. A donor from another study is refused and changes nothing."""
+    study = running_study(store)
+    donor, clone = trial(store, study.id, 0), trial(store, study.id, 1)
+    for epoch in range(3):
+        store.add_epoch_metrics(donor.id, epoch, {"val_accuracy": 0.5 + epoch / 10, "steps": 10})
+    store.add_epoch_metrics(clone.id, 0, {"val_accuracy": 0.1, "grad_norm": 1.0})
+    store.add_epoch_metrics(clone.id, 1, {"val_accuracy": 0.2})
+    lineage = {
+        **SCHEDULE,
+        "stages": [
+            {"start_epoch": 0, "end_epoch": 2, "batch_size": 64},
+            {"start_epoch": 2, "end_epoch": 12, "batch_size": 128, "lr_multiplier": 1.25},
+        ],
+    }
+    updated = store.set_trial_schedule(clone.id, lineage, cloned_from=donor.id, clone_epoch=2)
+    assert updated.schedule == lineage
+    assert updated.epochs_done == 2
+    store.add_epoch_metrics(clone.id, 2, {"val_accuracy": 0.9})
+    curve = store.trial_metrics(clone.id)
+    assert [(m.epoch, m.val_accuracy, m.steps) for m in curve] == [
+        (0, 0.5, 10),
+        (1, 0.6, 10),
+        (2, 0.9, None),
+    ]
+    assert curve[0].extra == {}
+    assert [m.val_accuracy for m in store.trial_metrics(donor.id)] == [0.5, 0.6, 0.7]
+
+    other = running_study(store)
+    stranger = trial(store, other.id, 0)
+    with pytest.raises(NotFoundError, match=f"not a trial of study {study.id}"):
+        store.set_trial_schedule(clone.id, lineage, cloned_from=stranger.id, clone_epoch=1)
+    assert [m.val_accuracy for m in store.trial_metrics(clone.id)] == [0.5, 0.6, 0.9]
+
+
+def test_a_pbt_trial_run_again_starts_over_from_its_first_schedule(store: StudyStore) -> None:
+    """A resumed PBT study runs its unfinished population again from their first schedules:
+    the stored lineage is replaced, not a conflict; other trials still must match."""
+    study = running_study(store)
+    first = store.start_trial(study.id, 3, SCHEDULE, {}, reschedule=True)
+    lineage = {**SCHEDULE, "base_lr": 0.2}
+    store.set_trial_schedule(first.id, lineage)
+    store.add_epoch_metrics(first.id, 0, {"val_accuracy": 0.5})
+    assert store.upsert_trial(study.id, 3, SCHEDULE, {}, any_schedule=True).id == first.id
+    with pytest.raises(ConflictError, match="different schedule"):
+        store.upsert_trial(study.id, 3, SCHEDULE, {})
+    with pytest.raises(ConflictError, match="different schedule"):
+        store.start_trial(study.id, 3, SCHEDULE, {})
+    again = store.start_trial(study.id, 3, SCHEDULE, {}, reschedule=True)
+    assert (again.id, again.schedule, again.restarts, again.epochs_done) == (
+        first.id,
+        SCHEDULE,
+        1,
+        0,
+    )
+
+
 def test_epoch_metrics_are_checked(store: StudyStore) -> None:
     study = running_study(store)
     t = trial(store, study.id, 0)

@@ -16,7 +16,9 @@ from pathlib import Path
 import optuna
 import pytest
 import ray
+import yaml
 
+from tuner.export import export_schedule, validate_document
 from tuner.schedule import Schedule
 from tuner.spec import StudySpec
 from tuner.store.records import StudyStatus, TrialRecord, TrialStatus
@@ -207,6 +209,83 @@ def test_a_small_digits_study_end_to_end(
     assert "no noise-scale candidate: the small-batch baseline cannot measure" in printed
     mean, std = picked["val_accuracy_mean"], picked["val_accuracy_std"]
     assert f"{mean:.4f} ± {std:.4f}" in printed
+
+
+PBT_SPEC = """
+task: digits
+name: digits-pbt
+schedule: {total_epochs: 4}
+space:
+  stages: {min: 1, max: 2}
+  batch_size: {min: 32, max: 256}
+  lr_multiplier: {min: 0.5, max: 2.0}
+budget: {trials: 7, search: pbt, seed_runs: 2}
+resources: {workers: 1, cpus_per_worker: 1}
+"""
+
+
+def test_a_pbt_study_exports_its_winning_lineage_as_a_schedule(
+    ray_session: None, sqlite_url: str, tmp_path: Path
+) -> None:
+    """budget.search: pbt with the real trainable: the population of 4 perturbs at epoch 2
+    (the run cut into stages.max segments); a trial that cloned another goes on from its
+    checkpoint with a new stage, and the store holds its lineage: the schedule, and the
+    curve's first epochs copied from the trial it cloned. The best lineage exports as an
+    ordinary, valid schedule YAML."""
+    spec = StudySpec.from_yaml(PBT_SPEC)
+    out = tmp_path / "best.yaml"
+    result = tune_spec(spec, sqlite_url, out, storage_path=tmp_path / "ray", quiet=True)
+
+    store = StudyStore(sqlite_url)
+    study = store.get_study(result.study_id)
+    assert study.status is StudyStatus.COMPLETED
+    summary = study.summary
+    assert summary is not None
+    assert summary["search"] == "pbt"
+    assert summary["pbt"]["interval_epochs"] == 2
+    assert summary["cooldown_probes"]["at_epochs"] == [2]
+    trials = {t.number: t for t in store.list_trials(study.id).items}
+    assert sorted(trials) == list(range(7))
+    assert all(t.status is TrialStatus.COMPLETED and t.epochs_done == 4 for t in trials.values())
+    lineages = {int(k): v for k, v in summary["pbt"]["lineages"].items()}
+    assert sorted(lineages) == [3, 4, 5, 6]
+    # One of four is the worst quarter: it cloned one of the best quarter at epoch 2.
+    cloned = {n: v for n, v in lineages.items() if v}
+    assert len(cloned) == 1, lineages
+    ((number, [[epoch, donor]]),) = cloned.items()
+    assert epoch == 2
+    assert donor in lineages
+    assert donor != number
+    mine, theirs = trials[number], trials[donor]
+    mine_schedule = Schedule.from_dict(mine.schedule)
+    donor_schedule = Schedule.from_dict(theirs.schedule)
+    assert mine_schedule.stages[0].end_epoch in (2, 4)
+    assert mine_schedule.stages[0].batch_size == donor_schedule.stages[0].batch_size
+    assert mine_schedule.stages[0].lr_multiplier == donor_schedule.stages[0].lr_multiplier
+    # Its curve is its lineage's: the donor's first two epochs, then its own.
+    mine_curve, donor_curve = store.trial_metrics(mine.id), store.trial_metrics(theirs.id)
+    assert [m.epoch for m in mine_curve] == [0, 1, 2, 3]
+    assert [m.val_accuracy for m in mine_curve[:2]] == [m.val_accuracy for m in donor_curve[:2]]
+    assert [m.batch_size for m in mine_curve] == [
+        mine_schedule.stages[mine_schedule.stage_index_at(e)].batch_size for e in range(4)
+    ]
+    # Every tuned trial's schedule is of the space's kind.
+    for n in lineages:
+        schedule = Schedule.from_dict(trials[n].schedule)
+        batches = [st.batch_size for st in schedule.stages]
+        assert batches == sorted(batches)
+        assert len(batches) <= 2
+        assert all(32 <= b <= 256 and b & (b - 1) == 0 for b in batches)
+
+    # The recommendation is seed-robust like any search's, and exports as a valid schedule.
+    assert study.best_trial_number is not None
+    assert summary["seed_runs"]["picked"] == study.best_trial_number
+    best = trials[study.best_trial_number]
+    validate_document(yaml.safe_load(out.read_text()), export=True)
+    assert Schedule.load(out).stages == Schedule.from_dict(best.schedule).stages
+    exported = export_schedule(store, study.id, number)
+    validate_document(exported.to_dict(), export=True)
+    assert exported.stages == mine_schedule.stages
 
 
 CHILD = """

@@ -925,12 +925,15 @@ class StudyStore:
         params: Mapping[str, Any],
         *,
         baseline: str | None = None,
+        any_schedule: bool = False,
     ) -> TrialRecord:
         """Idempotent :meth:`create_trial` (for resuming): returns the existing trial if it has
-        the same schedule, params and baseline (whatever its status), ``ConflictError`` if it
-        differs, else creates it."""
+        the same schedule (any, with ``any_schedule``: a PBT trial's grows), params and
+        baseline (whatever its status), ``ConflictError`` if it differs, else creates it."""
         row = self._new_trial(study_id, number, schedule, params, baseline)
-        return self._insert_or(row, lambda _, existing: _trial_record(existing))
+        return self._insert_or(
+            row, lambda _, existing: _trial_record(existing), same_schedule=not any_schedule
+        )
 
     def start_trial(
         self,
@@ -940,10 +943,13 @@ class StudyStore:
         params: Mapping[str, Any],
         *,
         baseline: str | None = None,
+        reschedule: bool = False,
     ) -> TrialRecord:
         """Record that trial ``number`` starts: :meth:`create_trial` for a new number, and a
         re-run of an existing trial with the same schedule, params and baseline when its
-        previous run cannot go on (``ConflictError`` if they differ):
+        previous run cannot go on (``ConflictError`` if they differ; with ``reschedule``, a
+        PBT trial, whose stored schedule is the lineage it had grown, the re-run starts over
+        from ``schedule``):
 
         * a ``running`` trial (its previous run never finished: the study was resumed after
           its worker was lost or taken over, or Tune retries it after an error), or a
@@ -959,28 +965,35 @@ class StudyStore:
         def rerun(session: Session, existing: TrialRow) -> TrialRecord:
             if not _can_rerun(existing):
                 return _trial_record(existing)
-            return self._restart_trial(session, existing)
+            return self._restart_trial(session, existing, schedule=row if reschedule else None)
 
-        return self._insert_or(row, rerun)
+        return self._insert_or(row, rerun, same_schedule=not reschedule)
 
     def _insert_or(
-        self, row: TrialRow, on_existing: Callable[[Session, TrialRow], TrialRecord]
+        self,
+        row: TrialRow,
+        on_existing: Callable[[Session, TrialRow], TrialRecord],
+        *,
+        same_schedule: bool = True,
     ) -> TrialRecord:
-        """Insert the new trial ``row``, or, if its number exists with the same schedule,
-        params and baseline (``ConflictError`` if not), ``on_existing(session, existing)``."""
+        """Insert the new trial ``row``, or, if its number exists with the same schedule
+        (unless not ``same_schedule``), params and baseline (``ConflictError`` if not),
+        ``on_existing(session, existing)``."""
         for _ in range(2):
             try:
                 with self._session(write=True) as session:
                     existing = self._find_trial(session, row.study_id, row.number)
                     if existing is None:
                         return self._insert_trial(session, row)
-                    self._check_same_trial(existing, row)
+                    self._check_same_trial(existing, row, schedule=same_schedule)
                     return on_existing(session, existing)
             except IntegrityError:  # lost a race with a concurrent insert: read it back
                 continue
         raise ConflictError(f"study {row.study_id} already has a trial number {row.number}")
 
-    def _restart_trial(self, session: Session, existing: TrialRow) -> TrialRecord:
+    def _restart_trial(
+        self, session: Session, existing: TrialRow, *, schedule: TrialRow | None = None
+    ) -> TrialRecord:
         study = self._lock_study(session, existing.study_id, share=True)
         if study.status != StudyStatus.RUNNING:
             raise InvalidStateError(
@@ -1004,15 +1017,18 @@ class StudyStore:
         row.stop_reason = None
         row.finished_at = None
         row.epochs_done = 0
+        if schedule is not None:  # a PBT trial starts over from its own first schedule
+            row.schedule = schedule.schedule
+            row.schedule_summary = schedule.schedule_summary
         for key in (*FINAL_FLOAT_KEYS, "steps", "samples", "objective_values"):
             setattr(row, key, None)
         session.flush()
         return _trial_record(row)
 
     @staticmethod
-    def _check_same_trial(existing: TrialRow, row: TrialRow) -> None:
+    def _check_same_trial(existing: TrialRow, row: TrialRow, *, schedule: bool = True) -> None:
         same = (
-            existing.schedule == row.schedule
+            (existing.schedule == row.schedule or not schedule)
             and existing.params == row.params
             and existing.baseline == row.baseline
         )
@@ -1021,6 +1037,57 @@ class StudyStore:
                 f"study {row.study_id} already has a trial number {row.number} with a "
                 "different schedule, params or baseline"
             )
+
+    def set_trial_schedule(
+        self,
+        trial_id: int,
+        schedule: dict[str, Any],
+        *,
+        cloned_from: int | None = None,
+        clone_epoch: int = 0,
+    ) -> TrialRecord:
+        """Replace a running trial's schedule (a PBT trial that cloned another's weights and
+        went on with a perturbed schedule: its schedule is its lineage).
+
+        ``cloned_from`` (a trial id of the same study): the trial's epochs before
+        ``clone_epoch`` become a copy of that trial's, so that its curve is its lineage's.
+        """
+        document = _json_object(schedule, "schedule")
+        summary = summarize_schedule(document)
+        clone_epoch = _int(clone_epoch, "clone_epoch")
+        with self._session(write=True) as session:
+            row = self._lock_trial(session, trial_id)
+            row.schedule = document
+            row.schedule_summary = summary
+            if cloned_from is not None and clone_epoch > 0:
+                donor = session.get(TrialRow, cloned_from)
+                if donor is None or donor.study_id != row.study_id:
+                    raise NotFoundError(
+                        f"trial id {cloned_from} is not a trial of study {row.study_id}"
+                    )
+                session.execute(
+                    delete(TrialMetricRow).where(
+                        TrialMetricRow.trial_id == trial_id, TrialMetricRow.epoch < clone_epoch
+                    )
+                )
+                copied = session.scalars(
+                    select(TrialMetricRow).where(
+                        TrialMetricRow.trial_id == cloned_from,
+                        TrialMetricRow.epoch < clone_epoch,
+                    )
+                ).all()
+                for metric in copied:
+                    values = {c.key: getattr(metric, c.key) for c in _METRIC_COLUMNS}
+                    values["trial_id"] = trial_id
+                    session.add(TrialMetricRow(**values))
+                session.flush()
+                row.epochs_done = session.execute(
+                    select(func.count())
+                    .select_from(TrialMetricRow)
+                    .where(TrialMetricRow.trial_id == trial_id)
+                ).scalar_one()
+            session.flush()
+            return _trial_record(row)
 
     def next_trial_number(self, study_id: int) -> int:
         """One more than the highest trial number of the study (0 for a study without trials)."""
