@@ -12,7 +12,11 @@ method and seed:
 * ``tpe_asha``: neither, ASHA on mid-run accuracy (the search before probes and prefixes;
   ``budget.cooldown_probes: false``, no stage-boundary states);
 * ``random``: Optuna's RandomSampler without early stopping (``budget.sampler: random``,
-  ``budget.early_stopping: false``): every drawn schedule trains all its epochs.
+  ``budget.early_stopping: false``): every drawn schedule trains all its epochs;
+* ``pbt``: Ray Tune's Population Based Training (``budget.search: pbt``), a population of
+  ``--pbt-population`` (default 2/3 of the random search's trials, so that its whole run fits
+  the budget) perturbed at ``space.stages.max`` cuts of the run; its trials all finish at the
+  end, so it reaches the threshold, if at all, when it ends.
 
 No engine hook is needed: the switches are fields of the study spec. The studies run no
 baselines and no seed runs (``budget.seed_runs: 0``: they follow the whole search, so they
@@ -33,6 +37,7 @@ Writes ``tuning_efficiency[_smoke].{json,md,png}`` to ``--results-dir`` (default
 ``bench/results``) and ends with one line::
 
     efficiency task=.. default=tpe+probes+prefixes ratio_vs_random=.. ratio_vs_tpe_asha=..
+        ratio_vs_pbt=..  (one line)
 
 (ratios of the means over the seeds of the trial-epochs to come within the tolerance; a study
 that never does counts the whole budget, and the JSON flags it).
@@ -72,7 +77,7 @@ from common import (  # noqa: E402
 
 from tuner.spec import StudySpec  # noqa: E402
 
-METHODS = ("default", "tpe_asha_probes", "tpe_asha", "random")
+METHODS = ("default", "tpe_asha_probes", "tpe_asha", "random", "pbt")
 DEFAULT = "default"
 #: What the summary line calls the default search.
 DEFAULT_NAME = "tpe+probes+prefixes"
@@ -81,6 +86,7 @@ COLORS = {
     "tpe_asha_probes": "tab:olive",
     "tpe_asha": "tab:red",
     "random": "tab:blue",
+    "pbt": "tab:purple",
 }
 
 
@@ -95,7 +101,7 @@ def study_spec(
     grace: int,
     concurrent: int,
 ) -> StudySpec:
-    tpe = method != "random"
+    tpe = method not in ("random", "pbt")
     objective: dict[str, Any] = {"kind": "accuracy"}
     if max_steps is not None:
         objective["max_steps"] = max_steps
@@ -124,6 +130,7 @@ def study_spec(
                 "prefix_reuse": 0.5 if method == "default" else 0.0,
                 "prefix_store_mb": 0 if method == "tpe_asha" else 2048,
                 "sampler": "tpe" if tpe else "random",
+                "search": "pbt" if method == "pbt" else "optuna",
                 "startup_trials": min(5, max(1, trials // 4)),
                 # The seed runs come after the search and re-rank its finalists; they do not
                 # change when a search first found a schedule within the tolerance (they are
@@ -272,8 +279,9 @@ def _markdown(data: dict[str, Any]) -> str:
         else f"\n**Partial**: seeds {cfg['seeds']} finished; the run was cut short.\n",
         f"\nRatios of the default ({DEFAULT}) to random: {data['ratio']:.2f}, to TPE + ASHA "
         f"without probes or prefixes: {data['ratio_vs_tpe_asha']:.2f}, to TPE + ASHA with "
-        f"probes alone: {data['ratio_vs_tpe_asha_probes']:.2f}; target <= 0.5 of random: "
-        f"{'met' if data['target_met'] else 'NOT met'}.\n",
+        f"probes alone: {data['ratio_vs_tpe_asha_probes']:.2f}, to PBT (population "
+        f"{cfg['pbt_population']}): {data['ratio_vs_pbt']:.2f}; target <= 0.5 of random and "
+        f"<= 1 of PBT: {'met' if data['target_met'] else 'NOT met'}.\n",
         f"\nMachine: {data['machine']}\n",
     ]
     return "".join(out)
@@ -314,6 +322,8 @@ def report(
     ratio_tpe = default_e / tpe_e if tpe_e else math.inf
     probes_e = methods["tpe_asha_probes"]["epochs_to_reach_mean"]
     ratio_probes = default_e / probes_e if probes_e else math.inf
+    pbt_e = methods["pbt"]["epochs_to_reach_mean"]
+    ratio_pbt = default_e / pbt_e if pbt_e else math.inf
     data: dict[str, Any] = {
         "config": {
             "task": args.task,
@@ -321,6 +331,7 @@ def report(
             "seeds": sorted({s["seed"] for s in studies}),
             "random_trials": args.random_trials,
             "tpe_trials": args.tpe_trials,
+            "pbt_population": args.pbt_population,
             "grace": args.grace,
             "concurrent": args.concurrent,
             "max_steps": max_steps,
@@ -337,14 +348,15 @@ def report(
         "ratio": ratio,
         "ratio_vs_tpe_asha": ratio_tpe,
         "ratio_vs_tpe_asha_probes": ratio_probes,
-        "target_met": ratio <= 0.5,
+        "ratio_vs_pbt": ratio_pbt,
+        "target_met": ratio <= 0.5 and ratio_pbt <= 1.0,
         "studies": studies,
         "machine": machine_info(),
         "total_wall_time_s": time.perf_counter() - started,
     }
     line = (
         f"efficiency task={args.task} default={DEFAULT_NAME} ratio_vs_random={ratio:.2f} "
-        f"ratio_vs_tpe_asha={ratio_tpe:.2f}"
+        f"ratio_vs_tpe_asha={ratio_tpe:.2f} ratio_vs_pbt={ratio_pbt:.2f}"
     )
     data["summary_line"] = line
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -361,6 +373,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, default=3, help="studies per method")
     parser.add_argument("--random-trials", type=int, default=12)
     parser.add_argument("--tpe-trials", type=int, default=24)
+    parser.add_argument(
+        "--pbt-population", type=int, default=None, help="default: 2/3 of --random-trials"
+    )
     parser.add_argument("--grace", type=int, default=2, help="ASHA grace period (epochs)")
     parser.add_argument("--batch-max", type=int, default=512)
     parser.add_argument("--steps-fraction", type=float, default=0.2, help="max_steps / small's")
@@ -376,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.epochs, args.seeds = 2, 1
         args.random_trials = args.tpe_trials = 3
         args.grace, args.batch_max, args.steps_fraction = 1, 128, 0.0
+    if args.pbt_population is None:
+        args.pbt_population = max(2, 2 * args.random_trials // 3)
     stem = "tuning_efficiency_smoke" if args.smoke else "tuning_efficiency"
     if args.tag:
         stem += f"_{args.tag}"
@@ -404,7 +421,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     studies: list[dict[str, Any]] = []
     for seed in range(args.seeds):
         for method in METHODS:
-            trials = args.random_trials if method == "random" else args.tpe_trials
+            trials = {"random": args.random_trials, "pbt": args.pbt_population}.get(
+                method, args.tpe_trials
+            )
             spec = study_spec(
                 method,
                 args.task,

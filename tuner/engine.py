@@ -843,7 +843,15 @@ class TuningEngine:
             (b.name, b.schedule) for b in self.baselines
         ]
         population = self.budget - len(self.baselines)
-        starts = initial_schedules(self.space, population, self.resolved.spec.seed)
+        feasible = None
+        if self.train_size is not None:
+            train_size = self.train_size
+
+            def feasible(schedule: Schedule) -> bool:
+                violations = constraint_violations(schedule, self.objective.spec, train_size)
+                return all(v <= 0 for v in violations.values())
+
+        starts = initial_schedules(self.space, population, self.resolved.spec.seed, feasible)
         schedules += [(None, s) for s in starts]
         finished = {p.number for p in self.prior_trials if p.finished}
         return [

@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import random
+from collections.abc import Callable
 from typing import Any, Final
 
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
@@ -55,23 +56,18 @@ def pbt_interval(space: ScheduleSpace, interval: int | None) -> int:
     return max(1, space.total_epochs // max(1, space.stages_max))
 
 
-def initial_schedules(space: ScheduleSpace, n: int, seed: int) -> list[Schedule]:
+def initial_schedules(
+    space: ScheduleSpace,
+    n: int,
+    seed: int,
+    feasible: Callable[[Schedule], bool] | None = None,
+) -> list[Schedule]:
     """The population's starting points: one stage each, batches from the smaller half of the
-    space (PBT grows them), LR multipliers log-uniform on the grid."""
+    space's batch sizes whose one-stage schedule is ``feasible`` (the objective's constraint,
+    e.g. ``max_steps``; PBT only grows batches), LR multipliers log-uniform on the grid."""
     rng = random.Random(f"pbt-{seed}")
-    lo, hi = space.batch_exp_min, space.batch_exp_max
-    top = lo + (hi - lo) // 2
-    out = []
-    for _ in range(n):
-        exp = rng.randint(lo, top)
-        mult = space.lr_mult_min
-        if space.lr_mult_min < space.lr_mult_max:
-            u = rng.random()
-            mult = lr_multiplier_grid(
-                space.lr_mult_min * (space.lr_mult_max / space.lr_mult_min) ** u,
-                space.lr_mult_min,
-                space.lr_mult_max,
-            )
+
+    def one_stage(exp: int, mult: float) -> Schedule:
         stage = Stage(
             0,
             space.total_epochs,
@@ -80,7 +76,24 @@ def initial_schedules(space: ScheduleSpace, n: int, seed: int) -> list[Schedule]
             warmup_epochs=min(space.warmup_min, float(space.total_epochs)),
             decay=space.decays[0],
         )
-        out.append(space.schedule([stage], label_smoothing=space.label_smoothing[0]))
+        return space.schedule([stage], label_smoothing=space.label_smoothing[0])
+
+    exps = list(range(space.batch_exp_min, space.batch_exp_max + 1))
+    if feasible is not None:
+        exps = [e for e in exps if feasible(one_stage(e, 1.0))] or exps[-1:]
+    exps = exps[: max(1, (len(exps) + 1) // 2)]
+    out = []
+    for _ in range(n):
+        exp = rng.choice(exps)
+        mult = space.lr_mult_min
+        if space.lr_mult_min < space.lr_mult_max:
+            u = rng.random()
+            mult = lr_multiplier_grid(
+                space.lr_mult_min * (space.lr_mult_max / space.lr_mult_min) ** u,
+                space.lr_mult_min,
+                space.lr_mult_max,
+            )
+        out.append(one_stage(exp, mult))
     return out
 
 

@@ -104,16 +104,23 @@ def test_tuning_efficiency_smoke(
     module.main(["--smoke", "--results-dir", str(tmp_path)])
     line = _last_line(capsys.readouterr().out)
     fields = _fields(line, "efficiency")
-    assert set(fields) == {"task", "default", "ratio_vs_random", "ratio_vs_tpe_asha"}
+    assert set(fields) == {
+        "task",
+        "default",
+        "ratio_vs_random",
+        "ratio_vs_tpe_asha",
+        "ratio_vs_pbt",
+    }
     assert fields["task"] == "digits"
     assert fields["default"] == "tpe+probes+prefixes"
     assert float(fields["ratio_vs_random"]) > 0
     assert float(fields["ratio_vs_tpe_asha"]) > 0
+    assert float(fields["ratio_vs_pbt"]) > 0
 
     saved = json.loads((tmp_path / "tuning_efficiency_smoke.json").read_text())
     assert saved["summary_line"] == line
     assert {"config", "best_known", "threshold", "methods", "ratio", "studies"} <= set(saved)
-    methods = ["default", "tpe_asha_probes", "tpe_asha", "random"]
+    methods = ["default", "tpe_asha_probes", "tpe_asha", "random", "pbt"]
     assert list(saved["methods"]) == methods
     assert [s["method"] for s in saved["studies"]] == methods
     for study in saved["studies"]:
@@ -122,11 +129,15 @@ def test_tuning_efficiency_smoke(
         assert spent[-1] == study["trial_epochs_total"]
     # The cooldown probes (after epoch 1 of 2, ASHA's rung) are counted as compute; the
     # searches without probes spend exactly the epochs they train.
-    _, probed, plain, random_study = saved["studies"]
+    _, probed, plain, random_study, pbt = saved["studies"]
     assert any(t["compute_epochs"] > t["epochs_done"] for t in probed["trials"])
     assert plain["trial_epochs_total"] == sum(t["epochs_done"] for t in plain["trials"])
     # Random search without early stopping trains every trial for all its epochs.
     assert random_study["trial_epochs_total"] == 3 * saved["config"]["epochs"]
+    # PBT's population of 2 trains every epoch and probes at its perturbation epoch.
+    assert saved["config"]["pbt_population"] == 2
+    assert [t["epochs_done"] for t in pbt["trials"]] == [2, 2]
+    assert pbt["trial_epochs_total"] > 2 * saved["config"]["epochs"]
     assert 0 < saved["best_known"] <= 1
 
     md = (tmp_path / "tuning_efficiency_smoke.md").read_text()
