@@ -257,6 +257,32 @@ def read_curves(store: StudyStore, study_id: int) -> dict[int, list[tuple[int, f
     return curves
 
 
+def read_origins(store: StudyStore, study_id: int) -> dict[int, list[dd.EpochOrigin]]:
+    """Per trial, where each stored epoch came from (fork, PBT clone, its own training) and
+    its cooldown probe: four keys of the metrics' ``extra``, read in one query."""
+    extra = TrialMetricRow.extra
+    query = (
+        select(
+            TrialRow.number,
+            TrialMetricRow.epoch,
+            extra["replayed"].as_boolean(),
+            extra["forked_epochs"].as_integer(),
+            extra["cloned_from"].as_integer(),
+            extra["probe_val_accuracy"].as_float(),
+        )
+        .join(TrialMetricRow, TrialMetricRow.trial_id == TrialRow.id)
+        .where(TrialRow.study_id == study_id)
+        .order_by(TrialRow.number, TrialMetricRow.epoch)
+    )
+    origins: dict[int, list[dd.EpochOrigin]] = {}
+    with store.engine.connect() as conn:
+        for number, epoch, replayed, forked, cloned, probe in conn.execute(query):
+            origins.setdefault(number, []).append(
+                dd.EpochOrigin(epoch, bool(replayed), int(forked or 0), cloned, probe)
+            )
+    return origins
+
+
 def _page_data(
     store: StudyStore, study_id: int, since: datetime | None
 ) -> tuple[datetime, dict[str, Any]]:
@@ -279,6 +305,7 @@ def _page_data(
         now=now,
         since=since,
         noise=dd.NoiseCurve(small.number, noise) if small is not None else None,
+        origins=read_origins(store, study_id),
     )
     data["links"] = {
         "study_api": f"{API_PREFIX}/studies/{study_id}",

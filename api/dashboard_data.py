@@ -41,6 +41,7 @@ __all__ = [
     "CHANGE_MARGIN",
     "MIN_IMPORTANCE_TRIALS",
     "Curve",
+    "EpochOrigin",
     "NoiseCurve",
     "best_detail",
     "compact_curve",
@@ -48,6 +49,7 @@ __all__ = [
     "curves_of",
     "data_etag",
     "elapsed_seconds",
+    "fork_parent",
     "format_duration",
     "format_objective",
     "is_live",
@@ -56,6 +58,7 @@ __all__ = [
     "param_importance",
     "schedule_picture",
     "schedule_summary",
+    "search_lane",
     "study_header",
     "study_page_data",
     "study_row",
@@ -510,6 +513,89 @@ class NoiseCurve:
         }
 
 
+@dataclass(frozen=True)
+class EpochOrigin:
+    """Where one stored epoch of a trial came from: ``replayed`` from a shared prefix the
+    trial forked from (``forked_epochs`` long), copied from the trial it ``cloned_from``
+    (PBT), else trained by the trial itself; ``probe`` is the cooldown probe's accuracy
+    after it, if one ran."""
+
+    epoch: int
+    replayed: bool = False
+    forked_epochs: int = 0
+    cloned_from: int | None = None
+    probe: float | None = None
+
+
+def _shares_prefix(a: Mapping[str, Any], b: Mapping[str, Any], epoch: int) -> bool:
+    """Whether two schedule documents have the same settings and stages up to a stage
+    boundary at ``epoch`` (what a fork shares)."""
+    rest_a = {k: v for k, v in a.items() if k not in ("stages", "provenance")}
+    rest_b = {k: v for k, v in b.items() if k not in ("stages", "provenance")}
+    if rest_a != rest_b:
+        return False
+    head_a = [st for st in a.get("stages") or () if st.get("start_epoch", 0) < epoch]
+    head_b = [st for st in b.get("stages") or () if st.get("start_epoch", 0) < epoch]
+    return bool(head_a) and head_a == head_b and head_a[-1].get("end_epoch") == epoch
+
+
+def fork_parent(trial: TrialRecord, epoch: int, trials: Iterable[TrialRecord]) -> int | None:
+    """The trial that trained the prefix ``trial`` forked from at ``epoch``: the first one
+    started with the same stages up to that boundary (``None`` if none is in the study)."""
+    parents = [
+        t
+        for t in trials
+        if t.number != trial.number
+        and t.started_at <= trial.started_at
+        and _shares_prefix(t.schedule, trial.schedule, epoch)
+    ]
+    return min(parents, key=lambda t: (t.started_at, t.number)).number if parents else None
+
+
+def search_lane(
+    trial: TrialRecord, origins: Sequence[EpochOrigin], trials: Iterable[TrialRecord]
+) -> dict[str, Any]:
+    """One trial's lane of the search view: its epochs as segments ``[start, end, kind,
+    from]`` (``kind`` ``own``: trained by the trial; ``fork``: a shared prefix it forked from,
+    trained once by trial ``from``; ``clone``: PBT copied trial ``from``'s state), its cooldown
+    probes ``[epoch, accuracy]`` (epochs counted like the curves: after epoch k is k + 1), and
+    ``origin``, the same in words."""
+    parent: int | None = None
+    forked = max((o.forked_epochs for o in origins if o.cloned_from is None), default=0)
+    if forked:
+        parent = fork_parent(trial, forked, trials)
+    segments: list[list[Any]] = []
+    for o in sorted(origins, key=lambda o: o.epoch):
+        source: int | None
+        if o.cloned_from is not None:
+            kind, source = "clone", o.cloned_from
+        elif o.replayed:
+            kind, source = "fork", parent
+        else:
+            kind, source = "own", None
+        last = segments[-1] if segments else None
+        if last is not None and last[1] == o.epoch and last[2] == kind and last[3] == source:
+            last[1] = o.epoch + 1
+        else:
+            segments.append([o.epoch, o.epoch + 1, kind, source])
+    words = []
+    for start, end, kind, source in segments:
+        who = f"#{source}" if source is not None else "a saved prefix"
+        if kind == "fork":
+            words.append(f"forked from {who} at epoch {end}")
+        elif kind == "clone":
+            words.append(f"epochs {start + 1}-{end} cloned from {who} (PBT)")
+    return {
+        "segments": segments,
+        "probes": [
+            [o.epoch + 1, round(o.probe, 5)]
+            for o in origins
+            if o.probe is not None and math.isfinite(o.probe)
+        ],
+        "origin": "; ".join(words) or None,
+    }
+
+
 def study_page_data(
     study: StudyRecord,
     trials: Sequence[TrialRecord],
@@ -518,6 +604,7 @@ def study_page_data(
     now: datetime,
     since: datetime | None = None,
     noise: NoiseCurve | None = None,
+    origins: Mapping[int, Sequence[EpochOrigin]] | None = None,
 ) -> dict[str, Any]:
     """Everything the study page draws, in one JSON-ready mapping.
 
@@ -549,6 +636,12 @@ def study_page_data(
         "schedules": pictures,
         "noise_scale": None if noise is None else noise.to_dict(),
         "comparison": comparison_rows(study, trials),
+        # The search view: per trial, what it trained, forked or cloned, and its probes;
+        # and what the whole search spent (once the engine has written its summary).
+        "lanes": {
+            str(t.number): search_lane(t, (origins or {}).get(t.number, ()), trials) for t in shown
+        },
+        "search": search_text(study.summary or {}) or None,
     }
 
 

@@ -36,6 +36,7 @@
   };
   var POLL_MS = 2000;
   var TABLE_ROWS = 250; // rows drawn at first; "Show all" draws the rest
+  var MAX_LANES = 60; // lanes of the search view (the baselines, the best and the latest)
 
   function esc(value) {
     return String(value == null ? "" : value)
@@ -186,6 +187,8 @@
       trialTotal: 0,
       trials: new Map(),
       curves: new Map(),
+      lanes: new Map(),
+      search: null,
       schedules: {},
       comparison: [],
       links: data.links,
@@ -211,9 +214,12 @@
     if (!data.incremental) {
       S.trials = new Map();
       S.curves = new Map();
+      S.lanes = new Map();
     }
     data.trials.forEach(function (t) { S.trials.set(t.number, t); });
     Object.keys(data.curves).forEach(function (k) { S.curves.set(Number(k), data.curves[k]); });
+    Object.keys(data.lanes || {}).forEach(function (k) { S.lanes.set(Number(k), data.lanes[k]); });
+    S.search = data.search || null;
     S.study = data.study;
     S.counts = data.counts;
     S.trialTotal = data.trial_total;
@@ -720,6 +726,7 @@
     renderTableSelection();
     renderCurves();
     renderCost();
+    renderLanes();
     if (number == null) {
       renderSchedule();
       return;
@@ -841,6 +848,82 @@
     return needle.split(/\s+/).every(function (w) { return hay.indexOf(w) >= 0; });
   }
 
+  // The search view: one lane per trial (the most recent ones when there are many, plus
+  // the baselines and the best), its epochs coloured by who trained them, and its probes.
+  function renderLanes() {
+    var node = el("chart-lanes");
+    var best = bestNumber();
+    var all = trialList().filter(function (t) { return S.lanes.has(t.number) && S.lanes.get(t.number).segments.length; });
+    var keep = all.filter(function (t) { return t.baseline || t.number === best || t.number === S.picked; });
+    var rest = all.filter(function (t) { return keep.indexOf(t) < 0; }).slice(-Math.max(0, MAX_LANES - keep.length));
+    var shown = keep.concat(rest).sort(function (a, b) { return a.number - b.number; });
+    var forks = 0, clones = 0, probes = 0;
+    all.forEach(function (t) {
+      var lane = S.lanes.get(t.number);
+      lane.segments.forEach(function (g) { if (g[2] === "fork") forks += 1; if (g[2] === "clone") clones += 1; });
+      probes += lane.probes.length;
+    });
+    var note = S.search || (forks + " forks, " + clones + " PBT clones, " + probes + " cooldown probes so far");
+    if (shown.length < all.length) note += " · showing " + shown.length + " of " + all.length + " trials";
+    el("search-note").textContent = note;
+    if (!shown.length) {
+      emptyChart(node, "No epoch has been reported yet.");
+      return;
+    }
+    var kinds = {
+      own: { name: "trained", color: "rgba(100, 116, 139, 0.55)" },
+      fork: { name: "forked prefix (trained once, by the trial named)", color: "rgba(5, 150, 105, 0.55)" },
+      clone: { name: "cloned state (PBT)", color: "rgba(124, 58, 237, 0.55)" },
+    };
+    var bars = {};
+    Object.keys(kinds).forEach(function (k) { bars[k] = { y: [], base: [], x: [], text: [], hover: [] }; });
+    var probeX = [], probeY = [], probeAcc = [];
+    shown.forEach(function (t) {
+      var lane = S.lanes.get(t.number);
+      var label = "#" + t.number + (t.baseline ? " " + baselineLabel(t.baseline) : t.number === best ? " best" : "");
+      lane.segments.forEach(function (g) {
+        var b = bars[g[2]] || bars.own;
+        b.y.push(label);
+        b.base.push(g[0]);
+        b.x.push(g[1] - g[0]);
+        b.text.push(g[2] === "own" || g[3] === null ? "" : "#" + g[3]);
+        b.hover.push(g[2] === "own" ? "trial #" + t.number + " trained epochs " + (g[0] + 1) + "-" + g[1] :
+          (g[2] === "fork" ? "forked from " : "cloned from ") + (g[3] === null ? "a saved prefix" : "#" + g[3]) +
+          ": epochs " + (g[0] + 1) + "-" + g[1]);
+      });
+      lane.probes.forEach(function (p) {
+        probeX.push(p[0]);
+        probeY.push(label);
+        probeAcc.push(p[1]);
+      });
+    });
+    var traces = Object.keys(kinds).filter(function (k) { return bars[k].y.length; }).map(function (k) {
+      return {
+        type: "bar", orientation: "h", name: kinds[k].name, y: bars[k].y, x: bars[k].x, base: bars[k].base,
+        marker: { color: kinds[k].color, line: { width: 1, color: "#ffffff" } }, text: bars[k].text,
+        customdata: bars[k].hover, textposition: "inside", insidetextanchor: "middle",
+        textfont: { size: 10.5, color: "#ffffff" }, hovertemplate: "%{customdata}<extra></extra>", meta: k,
+      };
+    });
+    if (probeX.length) {
+      traces.push({
+        type: "scatter", mode: "markers", name: "cooldown probe", x: probeX, y: probeY, customdata: probeAcc,
+        marker: { symbol: "diamond", size: 8, color: COLORS.best, line: { width: 1, color: "#ffffff" } },
+        hovertemplate: "probe after epoch %{x}: %{customdata:.2%}<extra></extra>", meta: "probe",
+      });
+    }
+    node.style.height = Math.max(220, 90 + 24 * shown.length) + "px";
+    draw(node, traces, baseLayout({
+      barmode: "overlay",
+      bargap: 0.2,
+      xaxis: axis({ title: { text: "epoch" }, rangemode: "tozero" }),
+      yaxis: axis({ type: "category", autorange: "reversed", categoryorder: "array",
+        categoryarray: shown.map(function (t) {
+          return "#" + t.number + (t.baseline ? " " + baselineLabel(t.baseline) : t.number === best ? " best" : "");
+        }) }),
+    }));
+  }
+
   function renderTable() {
     var best = bestNumber();
     var names = baselineNames();
@@ -861,7 +944,8 @@
         '<td><span class="trial-num">' + t.number + "</span>" + tags + "</td>" +
         '<td><span class="badge badge-' + esc(t.status) + '">' + (t.status === "running" ? '<span class="dot"></span>' : "") + esc(t.status) + "</span></td>" +
         '<td class="reason" title="' + esc(t.stop_reason || "") + '">' + esc(t.stop_reason || "") + "</td>" +
-        '<td class="schedule">' + (t.summary ? fmtSummary(t.summary) : "invalid schedule") + "</td>" +
+        '<td class="schedule">' + (t.summary ? fmtSummary(t.summary) : "invalid schedule") +
+          (S.lanes.has(t.number) && S.lanes.get(t.number).origin ? '<div class="origin muted small">' + esc(S.lanes.get(t.number).origin) + "</div>" : "") + "</td>" +
         '<td class="num" data-value="' + (isNum(t.val_accuracy) ? t.val_accuracy : "") + '">' + fmtPct(t.val_accuracy) + "</td>" +
         '<td class="num">' + fmtInt(t.steps) + "</td>" +
         '<td class="num">' + fmtDuration(t.wall_time_s) + "</td>" +
@@ -897,6 +981,7 @@
     renderSchedule();
     renderComparison();
     renderPicker();
+    renderLanes();
     renderTable();
     el("updated-at").textContent = (S.live ? "Live · updated " : "Final data · loaded ") + new Date().toLocaleTimeString();
   }

@@ -118,6 +118,43 @@ def test_page_data_endpoint_with_etag(
     assert changed.json()["curves"]["3"]["acc"] == [0.53, 0.7]
 
 
+def test_page_data_shows_forks_clones_and_probes_from_the_stored_epochs(
+    client: TestClient, store: StudyStore
+) -> None:
+    """The search view's lanes come from what trials stored: a fork's replayed epochs, a PBT
+    clone's copied ones (StudyStore.set_trial_schedule) and the cooldown probes."""
+    spec = {"task": "digits", "schedule": {"total_epochs": 4}, "budget": {"trials": 3}}
+    study = store.create_study("digits", spec, 3)
+    assert store.claim_study("w", 60) is not None
+    doc = {
+        "version": 1,
+        "base_lr": 0.1,
+        "base_batch_size": 32,
+        "stages": [
+            {"start_epoch": 0, "end_epoch": 2, "batch_size": 32},
+            {"start_epoch": 2, "end_epoch": 4, "batch_size": 64},
+        ],
+    }
+    parent = store.create_trial(study.id, 0, doc, {})
+    child = store.create_trial(study.id, 1, doc, {})
+    clone = store.create_trial(study.id, 2, {**doc, "base_lr": 0.2}, {})
+    for epoch in range(4):
+        probe = {"probe_val_accuracy": 0.8} if epoch == 1 else {}
+        store.add_epoch_metrics(parent.id, epoch, {"val_accuracy": 0.5, **probe})
+        forked = {"replayed": epoch < 2, "forked_epochs": 2}
+        store.add_epoch_metrics(child.id, epoch, {"val_accuracy": 0.5, **forked})
+    store.add_epoch_metrics(clone.id, 0, {"val_accuracy": 0.1})
+    store.set_trial_schedule(clone.id, doc, cloned_from=parent.id, clone_epoch=2)
+    store.add_epoch_metrics(clone.id, 2, {"val_accuracy": 0.9})
+
+    lanes = client.get(f"/dashboard/data/studies/{study.id}").json()["lanes"]
+    assert lanes["0"] == {"segments": [[0, 4, "own", None]], "probes": [[2, 0.8]], "origin": None}
+    assert lanes["1"]["segments"] == [[0, 2, "fork", 0], [2, 4, "own", None]]
+    assert lanes["1"]["origin"] == "forked from #0 at epoch 2"
+    assert lanes["2"]["segments"] == [[0, 2, "clone", 0], [2, 3, "own", None]]
+    assert lanes["2"]["probes"] == [[2, 0.8]]  # the lineage's probe, copied with its epoch
+
+
 def test_page_data_since_returns_what_changed(
     client: TestClient, store: StudyStore, seeded: Seeded
 ) -> None:

@@ -956,3 +956,41 @@ def test_headline_against_a_baseline_states_the_direction_of_the_table(
         f'#comparison-table tr[data-number="{goyal.number}"] td:nth-child(3) .delta'
     )
     assert " ".join(table_cell.inner_text().split()) == expected.removesuffix(" steps")
+
+
+def test_the_search_view_draws_forks_clones_and_probes(server: Server, page: Any) -> None:
+    """One lane per trial: trained epochs, a fork's shared prefix (named after the trial that
+    trained it), a PBT clone's copied epochs, the cooldown probes as markers; the trial table
+    says the same under each schedule."""
+    spec = StudySpec.from_yaml("task: digits\nname: lanes\nbaselines: false")
+    doc = _schedule_doc()
+    with StudyStore(server.db_url) as store:
+        study = store.create_study(spec.task, spec.to_dict(), 3, name=spec.name)
+        assert store.claim_study("worker-l", 60) is not None
+        first_stage = doc["stages"][0]["end_epoch"]
+        parent = store.create_trial(study.id, 0, doc, {})
+        child = store.create_trial(study.id, 1, doc, {})
+        clone = store.create_trial(study.id, 2, {**doc, "base_lr": 0.3}, {})
+        for epoch in range(first_stage + 1):
+            probe = {"probe_val_accuracy": 0.81} if epoch == first_stage - 1 else {}
+            store.add_epoch_metrics(parent.id, epoch, {"val_accuracy": 0.6, **probe})
+            fork = {"replayed": epoch < first_stage, "forked_epochs": first_stage}
+            store.add_epoch_metrics(child.id, epoch, {"val_accuracy": 0.6, **fork})
+        store.set_trial_schedule(clone.id, doc, cloned_from=parent.id, clone_epoch=first_stage)
+        store.add_epoch_metrics(clone.id, first_stage, {"val_accuracy": 0.7})
+    page.goto(f"{server.base_url}/studies/{study.id}")
+    traces = {t["meta"]: t for t in _chart(page, "chart-lanes")}
+    assert set(traces) == {"own", "fork", "clone", "probe"}
+    assert traces["fork"]["y"] == ["#1"]
+    assert traces["clone"]["y"] == ["#2"]
+    assert traces["probe"]["x"] == [first_stage, first_stage]  # the clone copied the probe
+    labels = page.evaluate(
+        "() => Array.from(document.querySelectorAll('#chart-lanes .bars text'))"
+        ".map(n => n.textContent)"
+    )
+    assert labels.count("#0") == 2  # the fork's and the clone's source
+    rows = {n: page.locator(f'#trials-body tr[data-number="{n}"] .origin') for n in (0, 1, 2)}
+    assert rows[0].count() == 0
+    assert rows[1].inner_text() == f"forked from #0 at epoch {first_stage}"
+    assert rows[2].inner_text() == f"epochs 1-{first_stage} cloned from #0 (PBT)"
+    assert "forks" in page.locator("#search-note").inner_text()  # running: counts so far

@@ -314,3 +314,41 @@ def test_optuna_study_names_prefer_the_recorded_one() -> None:
     assert dd.optuna_study_names(study())[0] == "stagetune-study-7"
     names = dd.optuna_study_names(study(summary={"optuna_study": "custom"}))
     assert names[:2] == ["custom", "stagetune-study-7"]
+
+
+def test_a_search_lane_names_the_trial_a_fork_or_a_clone_took_its_epochs_from() -> None:
+    """Trial 4 forked at epoch 2 from the prefix trial 1 trained first (trial 3 shares it but
+    started later; trial 2's first stage differs); trial 5 took trial 4's epochs 0-1 and then
+    trial 3's 2-3 (two PBT clones). Probes are placed after their epoch, like the curves."""
+    t0 = NOW - timedelta(minutes=30)
+    shared = schedule((0, 2, 32), (2, 6, 128)).to_dict()
+    other_tail = schedule((0, 2, 32), (2, 6, 256)).to_dict()
+    trials = [
+        trial(1, schedule=shared, started_at=t0),
+        trial(2, schedule=schedule((0, 2, 64), (2, 6, 128)).to_dict(), started_at=t0),
+        trial(3, schedule=other_tail, started_at=t0 + timedelta(minutes=1)),
+        trial(4, schedule=other_tail, started_at=t0 + timedelta(minutes=2)),
+        trial(5, started_at=t0 + timedelta(minutes=3)),
+    ]
+    assert dd.fork_parent(trials[3], 2, trials) == 1
+    assert dd.fork_parent(trials[3], 3, trials) is None  # no boundary at epoch 3
+    forked = [dd.EpochOrigin(e, replayed=e < 2, forked_epochs=2) for e in range(6)]
+    forked[1] = dd.EpochOrigin(1, replayed=True, forked_epochs=2, probe=0.71234567)
+    lane = dd.search_lane(trials[3], forked, trials)
+    assert lane["segments"] == [[0, 2, "fork", 1], [2, 6, "own", None]]
+    assert lane["probes"] == [[2, 0.71235]]
+    assert lane["origin"] == "forked from #1 at epoch 2"
+
+    cloned = [
+        dd.EpochOrigin(0, cloned_from=4, replayed=True, forked_epochs=2),
+        dd.EpochOrigin(1, cloned_from=4),
+        dd.EpochOrigin(2, cloned_from=3),
+        dd.EpochOrigin(3, cloned_from=3, probe=math.nan),
+        dd.EpochOrigin(4),
+    ]
+    lane = dd.search_lane(trials[4], cloned, trials)
+    assert lane["segments"] == [[0, 2, "clone", 4], [2, 4, "clone", 3], [4, 5, "own", None]]
+    assert lane["probes"] == []
+    assert lane["origin"] == ("epochs 1-2 cloned from #4 (PBT); epochs 3-4 cloned from #3 (PBT)")
+    plain = dd.search_lane(trials[0], [dd.EpochOrigin(e) for e in range(3)], trials)
+    assert plain == {"segments": [[0, 3, "own", None]], "probes": [], "origin": None}

@@ -1079,6 +1079,11 @@ class StudyStore:
                 for metric in copied:
                     values = {c.key: getattr(metric, c.key) for c in _METRIC_COLUMNS}
                     values["trial_id"] = trial_id
+                    # Which trial trained the epoch (the donor's own clones keep theirs).
+                    values["extra"] = {
+                        **(metric.extra or {}),
+                        "cloned_from": (metric.extra or {}).get("cloned_from", donor.number),
+                    }
                     session.add(TrialMetricRow(**values))
                 session.flush()
                 row.epochs_done = session.execute(
