@@ -618,7 +618,7 @@ def test_a_pbt_clone_takes_the_donors_schedule_prefix_and_curve(store: StudyStor
         (1, 0.6, 10),
         (2, 0.9, None),
     ]
-    assert curve[0].extra == {}
+    assert [m.extra.get("cloned_from") for m in curve] == [0, 0, None]  # who trained it
     assert [m.val_accuracy for m in store.trial_metrics(donor.id)] == [0.5, 0.6, 0.7]
 
     other = running_study(store)
