@@ -22,11 +22,18 @@ the small batch's steps: the target is small-batch accuracy at >= 5x fewer optim
 Writes ``schedule_quality[_smoke].{json,md,png}`` to ``--results-dir`` (default
 ``bench/results``) and ends with one line::
 
-    quality task=.. tuned_acc=.. small_acc=.. small_std=.. tuned_steps=.. small_steps=..
-    steps_ratio=.. best_baseline=.. best_baseline_acc=..
+    quality task=.. dominated=K/N steps_ratio_at_small_acc=.. tuned_acc=.. small_acc=..
+    small_std=.. tuned_steps=.. small_steps=.. steps_ratio=.. best_baseline=..
+    best_baseline_acc=..
 
 (accuracies in percent on the test split, means over the seeds; ``best_baseline`` is the most
-accurate schedule other than ``small_batch`` and ``tuned``).
+accurate recipe other than ``small_batch``). With ``--budgets recipes`` (the default) one
+more study runs under each recipe's own step count (``tuned@<steps>``), so the result is a
+front of tuned schedules: ``dominated`` counts the recipes for which some tuned schedule has
+at least their test accuracy (within one std of their mean) at no more steps, and
+``steps_ratio_at_small_acc`` is the small batch's steps over those of the cheapest tuned
+schedule within the small batch's spread (``none``: no such schedule). ``tuned_*`` is the
+``--steps-fraction`` study's.
 
     .venv/bin/python bench/schedule_quality.py                      # mnist1d, 30 epochs, 3 seeds
     .venv/bin/python bench/schedule_quality.py --tuned-yaml best.yaml
@@ -194,7 +201,7 @@ def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for row in rows:
-        tuned = row["schedule"] == "tuned"
+        tuned = _is_tuned(row["schedule"])
         ax.errorbar(
             row["steps"],
             100 * row["test_acc_mean"],
@@ -202,7 +209,7 @@ def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
             fmt="*" if tuned else "o",
             markersize=14 if tuned else 7,
             capsize=4,
-            color="black" if tuned else None,
+            color=("black" if row["schedule"] == "tuned" else "dimgray") if tuned else None,
             label=f"{row['schedule']} ({100 * row['test_acc_mean']:.2f}%)",
         )
     ax.set_xscale("log")
@@ -220,7 +227,7 @@ def _markdown(data: dict[str, Any]) -> str:
     cfg = data["config"]
     rows = [
         [
-            f"**{r['schedule']}**" if r["schedule"] == "tuned" else r["schedule"],
+            f"**{r['schedule']}**" if _is_tuned(r["schedule"]) else r["schedule"],
             r["summary"],
             f"{100 * r['test_acc_mean']:.2f} +/- {100 * r['test_acc_std']:.2f}",
             f"{r['steps']:,}",
@@ -252,6 +259,8 @@ def _markdown(data: dict[str, Any]) -> str:
     ]
     tuning = data["tuning"]
     out.append(f"\nTuned schedule: {tuning['source']}.\n")
+    for label, extra in (data.get("tuning_at_recipe_steps") or {}).items():
+        out.append(f"\n{label}: {extra['source']}.\n")
     targets = data["targets"]
     out.append("\nTargets:\n")
     for key, value in targets.items():
@@ -260,16 +269,63 @@ def _markdown(data: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _is_tuned(label: str) -> bool:
+    return label == "tuned" or label.startswith("tuned@")
+
+
+def _brief(tuning: dict[str, Any]) -> dict[str, Any]:
+    """A study's record without its trials (the JSON keeps the main study's in full)."""
+    return {k: v for k, v in tuning.items() if k != "trials"}
+
+
+def _dominance(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Which recipes some tuned schedule dominates: at least the recipe's test accuracy
+    (within one std of the recipe's mean) at no more steps; and the largest step saving
+    of a tuned schedule with small-batch accuracy (within its spread)."""
+    tuned = [r for k, r in rows.items() if _is_tuned(k)]
+    recipes = [r for k, r in rows.items() if not _is_tuned(k)]
+    by: dict[str, str | None] = {}
+    for recipe in recipes:
+        floor = recipe["test_acc_mean"] - recipe["test_acc_std"]
+        hits = [t for t in tuned if t["steps"] <= recipe["steps"] and t["test_acc_mean"] >= floor]
+        best = max(hits, key=lambda t: t["test_acc_mean"]) if hits else None
+        by[recipe["schedule"]] = None if best is None else best["schedule"]
+    small = rows["small_batch"]
+    floor = small["test_acc_mean"] - small["test_acc_std"]
+    ratios = [small["steps"] / t["steps"] for t in tuned if t["test_acc_mean"] >= floor]
+    return {"by": by, "ratio_at_small_acc": max(ratios) if ratios else None}
+
+
 def _targets(rows: dict[str, dict[str, Any]], ratio_goal: float) -> dict[str, Any]:
     if "tuned" not in rows:
         return {}
     tuned, small = rows["tuned"], rows["small_batch"]
     within = tuned["test_acc_mean"] >= small["test_acc_mean"] - small["test_acc_std"]
     ratio = small["steps"] / tuned["steps"] if tuned["steps"] else math.inf
-    others = [r for k, r in rows.items() if k not in ("tuned", "small_batch")]
+    dom = _dominance(rows)
+    dominated = [k for k, v in dom["by"].items() if v is not None]
+    at_small = dom["ratio_at_small_acc"]
+    others = [r for k, r in rows.items() if k != "small_batch" and not _is_tuned(k)]
     beaten = [r["schedule"] for r in others if tuned["test_acc_mean"] > r["test_acc_mean"]]
     cheaper = [r["schedule"] for r in others if r["steps"] < tuned["steps"]]
     return {
+        "every_recipe_dominated": {
+            "met": len(dominated) == len(dom["by"]),
+            "dominated": len(dominated),
+            "recipes": len(dom["by"]),
+            "by": dom["by"],
+            "detail": "; ".join(
+                f"{k}: {'by ' + v if v else 'not dominated'}" for k, v in dom["by"].items()
+            ),
+        },
+        f"small_acc_at_{ratio_goal:g}x_fewer_steps": {
+            "met": at_small is not None and at_small >= ratio_goal,
+            "ratio": at_small,
+            "detail": "no tuned schedule reaches the small batch's accuracy within its spread"
+            if at_small is None
+            else f"best tuned schedule within the small batch's spread: {at_small:.2f}x "
+            "fewer steps",
+        },
         "within_small_batch_spread": {
             "met": within,
             "detail": f"tuned {100 * tuned['test_acc_mean']:.2f}% vs small "
@@ -287,6 +343,75 @@ def _targets(rows: dict[str, dict[str, Any]], ratio_goal: float) -> dict[str, An
     }
 
 
+def _tune(
+    args: argparse.Namespace, space: ScheduleSpace, max_steps: int, small_steps: int
+) -> tuple[Schedule, dict[str, Any]]:
+    """One tuning study under ``max_steps``: its seed-robust best schedule and what it cost."""
+    spec = study_spec(
+        args.task,
+        args.epochs,
+        args.batch_max,
+        max_steps,
+        args.trials,
+        args.study_seed,
+        args.grace,
+        args.concurrent,
+    )
+    budget = (
+        f"{args.trials} trials (TPE, {spec.budget.startup_trials} random start-up, ASHA "
+        f"grace {args.grace} epochs, reduction 3, cooldown probes "
+        f"{'on' if spec.budget.cooldown_probes else 'off'}, prefix reuse "
+        f"{spec.budget.prefix_reuse:g}), {args.concurrent} at once, 1 worker "
+        f"each, {args.epochs} epochs, objective: val accuracy with max_steps {max_steps} "
+        f"({max_steps / small_steps:.2g} x small batch's {small_steps}), batch "
+        f"{space.base_batch_size}-{space.largest_batch}"
+    )
+    print(f"tuning budget: {budget}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="stagetune-bench-") as tmp:
+        run = run_tuning_study(spec, Path(tmp))
+    trial_epochs = sum(int(t["epochs_done"]) for t in run.trials)
+    compute = float(run.summary.get("compute_epochs") or trial_epochs)
+    seeded = run.summary.get("seed_runs") or {}
+    picked = run.summary.get("best") or {}
+    seed_note = ""
+    if seeded:
+        stats = picked.get("seeds") or {}
+        seed_note = (
+            f"; picked on {len(seeded.get('seeds') or ())} fresh seeds among "
+            f"{len(seeded.get('finalists') or ())} finalists (val "
+            f"{100 * (stats.get('val_accuracy_mean') or 0):.2f} +/- "
+            f"{100 * (stats.get('val_accuracy_std') or 0):.2f}%, seed runs "
+            f"{float(seeded.get('compute_epochs') or 0):.0f} trial-epochs; the search's "
+            f"single-run best was trial {seeded.get('search_pick')})"
+        )
+    print(
+        f"tuning done in {run.wall_time_s:.0f} s, {trial_epochs} trial-epochs trained by the "
+        f"trials, {compute:.0f} in all (probes, seed runs); best trial {run.best_number}"
+        f"{seed_note}",
+        flush=True,
+    )
+    if run.best_yaml is None:
+        raise SystemExit(f"the study under max_steps {max_steps} found no feasible schedule")
+    tuned = Schedule.from_yaml(run.best_yaml)
+    best = next(t for t in run.trials if t["number"] == run.best_number)
+    tuning = {
+        "source": f"study run here: {budget}; took {run.wall_time_s:.0f} s wall, "
+        f"{trial_epochs} trial-epochs by the trials, {compute:.0f} in all (cooldown probes, "
+        f"seed runs); best trial {run.best_number} (val "
+        f"{100 * (best['val_accuracy'] or 0):.2f}% on the study seed){seed_note}",
+        "budget": budget,
+        "wall_time_s": run.wall_time_s,
+        "trial_epochs": trial_epochs,
+        "compute_epochs": compute,
+        "seed_runs": seeded or None,
+        "best_number": run.best_number,
+        "best_val_accuracy": best["val_accuracy"],
+        "yaml": run.best_yaml,
+        "trials": list(run.trials),
+    }
+    return tuned, tuning
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("task", nargs="?", default="mnist1d")
@@ -300,6 +425,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps-fraction", type=float, default=0.2)
     parser.add_argument("--study-seed", type=int, default=0)
     parser.add_argument("--tuned-yaml", type=Path, default=None)
+    parser.add_argument(
+        "--budgets",
+        choices=("recipes", "single"),
+        default="recipes",
+        help="recipes: one more study under each recipe's own step count (the front); "
+        "single: only the --steps-fraction study",
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--smoke", action="store_true", help="digits, 2 epochs, 1 seed, 3 trials")
     args = parser.parse_args(argv)
@@ -338,71 +470,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         tuned = Schedule.load(args.tuned_yaml)
         tuning = {"source": f"--tuned-yaml {args.tuned_yaml}", "budget": None}
     else:
-        spec = study_spec(
-            args.task,
-            args.epochs,
-            args.batch_max,
-            max_steps,
-            args.trials,
-            args.study_seed,
-            args.grace,
-            args.concurrent,
-        )
-        budget = (
-            f"{args.trials} trials (TPE, {spec.budget.startup_trials} random start-up, ASHA "
-            f"grace {args.grace} epochs, reduction 3, cooldown probes "
-            f"{'on' if spec.budget.cooldown_probes else 'off'}, prefix reuse "
-            f"{spec.budget.prefix_reuse:g}), {args.concurrent} at once, 1 worker "
-            f"each, {args.epochs} epochs, objective: val accuracy with max_steps {max_steps} "
-            f"(= {args.steps_fraction:g} x small batch's {small_steps}), batch "
-            f"{space.base_batch_size}-{space.largest_batch}"
-        )
-        print(f"tuning budget: {budget}", flush=True)
-        with tempfile.TemporaryDirectory(prefix="stagetune-bench-") as tmp:
-            run = run_tuning_study(spec, Path(tmp))
-        trial_epochs = sum(int(t["epochs_done"]) for t in run.trials)
-        compute = float(run.summary.get("compute_epochs") or trial_epochs)
-        seeded = run.summary.get("seed_runs") or {}
-        picked = run.summary.get("best") or {}
-        seed_note = ""
-        if seeded:
-            stats = picked.get("seeds") or {}
-            seed_note = (
-                f"; picked on {len(seeded.get('seeds') or ())} fresh seeds among "
-                f"{len(seeded.get('finalists') or ())} finalists (val "
-                f"{100 * (stats.get('val_accuracy_mean') or 0):.2f} +/- "
-                f"{100 * (stats.get('val_accuracy_std') or 0):.2f}%, seed runs "
-                f"{float(seeded.get('compute_epochs') or 0):.0f} trial-epochs; the search's "
-                f"single-run best was trial {seeded.get('search_pick')})"
-            )
-        print(
-            f"tuning done in {run.wall_time_s:.0f} s, {trial_epochs} trial-epochs trained by the "
-            f"trials, {compute:.0f} in all (probes, seed runs); best trial {run.best_number}"
-            f"{seed_note}",
-            flush=True,
-        )
-        if run.best_yaml is None:
-            raise SystemExit("the study found no feasible schedule; raise --trials")
-        tuned = Schedule.from_yaml(run.best_yaml)
-        best = next(t for t in run.trials if t["number"] == run.best_number)
-        tuning = {
-            "source": f"study run here: {budget}; took {run.wall_time_s:.0f} s wall, "
-            f"{trial_epochs} trial-epochs by the trials, {compute:.0f} in all (cooldown probes, "
-            f"seed runs); best trial {run.best_number} (val "
-            f"{100 * (best['val_accuracy'] or 0):.2f}% on the study seed){seed_note}",
-            "budget": budget,
-            "wall_time_s": run.wall_time_s,
-            "trial_epochs": trial_epochs,
-            "compute_epochs": compute,
-            "seed_runs": seeded or None,
-            "best_number": run.best_number,
-            "best_val_accuracy": best["val_accuracy"],
-            "yaml": run.best_yaml,
-            "trials": list(run.trials),
-        }
+        tuned, tuning = _tune(args, space, max_steps, small_steps)
     if tuned.total_epochs != args.epochs:
         raise SystemExit(f"the tuned schedule has {tuned.total_epochs} epochs, not {args.epochs}")
     schedules["tuned"] = tuned
+    # The front a user sees: one more study per step budget of a recipe (each recipe's own
+    # steps), so that every recipe meets a tuned schedule at no more steps than its own.
+    caps: list[int] = []
+    if args.budgets == "recipes" and args.tuned_yaml is None:
+        caps = sorted({sch.total_steps(train_size) for sch in schedules.values()} - {max_steps})
+    if args.smoke:
+        caps = caps[:1]  # the path, not the front: one extra study (the cheapest recipe's)
+    extra_tuning: dict[str, Any] = {}
+    for cap in caps:
+        label = f"tuned@{cap}"
+        DESCRIPTIONS[label] = f"found by stagetune under max_steps {cap}, fresh seeds"
+        schedules[label], extra_tuning[label] = _tune(args, space, cap, small_steps)
     seeds = [args.seed_base + i for i in range(args.seeds)]
     jobs = [
         Job(label, schedule, args.task, seed)
@@ -428,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         row["schedule_yaml"] = schedule.to_yaml()
         by_label[label] = row
     rows = list(by_label.values())
-    targets = _targets(by_label, 1 / args.steps_fraction if not args.smoke else 5.0)
+    targets = _targets(by_label, 5.0)
     data: dict[str, Any] = {
         "config": {
             "task": args.task,
@@ -440,6 +523,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "smoke": args.smoke,
         },
         "tuning": tuning,
+        "tuning_at_recipe_steps": {k: _brief(v) for k, v in extra_tuning.items()},
         "rows": rows,
         "targets": targets,
         "machine": machine_info(),
@@ -455,10 +539,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     small = by_label["small_batch"]
     t = by_label["tuned"]
-    others = [r for k, r in by_label.items() if k not in ("tuned", "small_batch")]
+    others = [r for k, r in by_label.items() if k not in ("small_batch",) and not _is_tuned(k)]
     best_other = max(others, key=lambda r: r["test_acc_mean"])
+    front = targets["every_recipe_dominated"]
+    at_small = targets["small_acc_at_5x_fewer_steps"]["ratio"]
     line = (
-        f"quality task={args.task} tuned_acc={100 * t['test_acc_mean']:.2f} "
+        f"quality task={args.task} dominated={front['dominated']}/{front['recipes']} "
+        f"steps_ratio_at_small_acc={'none' if at_small is None else f'{at_small:.2f}'} "
+        f"tuned_acc={100 * t['test_acc_mean']:.2f} "
         f"small_acc={100 * small['test_acc_mean']:.2f} "
         f"small_std={100 * small['test_acc_std']:.2f} tuned_steps={t['steps']} "
         f"small_steps={small['steps']} steps_ratio={small['steps'] / max(1, t['steps']):.2f} "

@@ -51,6 +51,8 @@ def test_schedule_quality_smoke(
     fields = _fields(line, "quality")
     assert set(fields) == {
         "task",
+        "dominated",
+        "steps_ratio_at_small_acc",
         "tuned_acc",
         "small_acc",
         "small_std",
@@ -68,14 +70,27 @@ def test_schedule_quality_smoke(
     assert saved["summary_line"] == line
     assert {"config", "tuning", "rows", "targets", "machine"} <= set(saved)
     labels = [row["schedule"] for row in saved["rows"]]
-    assert labels == [
-        "small_batch",
-        "large_linear",
-        "large_sqrt",
-        "increase_batch",
-        "linear_ramp",
-        "tuned",
-    ]
+    recipes = ["small_batch", "large_linear", "large_sqrt", "increase_batch", "linear_ramp"]
+    # The smoke run's one extra study: under the cheapest recipe's steps (Goyal's).
+    goyal = next(r for r in saved["rows"] if r["schedule"] == "large_linear")
+    assert labels == [*recipes, "tuned", f"tuned@{goyal['steps']}"]
+    cheap = saved["rows"][-1]
+    assert cheap["steps"] <= goyal["steps"]
+    # dominated=K/N counts the recipes some tuned schedule matches (within one std) at no
+    # more steps.
+    front = saved["targets"]["every_recipe_dominated"]
+    assert fields["dominated"] == f"{front['dominated']}/5"
+    rows = {r["schedule"]: r for r in saved["rows"]}
+    for recipe, by in front["by"].items():
+        r = rows[recipe]
+        matched = [
+            t
+            for label, t in rows.items()
+            if label.startswith("tuned")
+            and t["steps"] <= r["steps"]
+            and t["test_acc_mean"] >= r["test_acc_mean"] - r["test_acc_std"]
+        ]
+        assert (by is not None) == bool(matched), recipe
     for row in saved["rows"]:
         assert {"test_acc_mean", "test_acc_std", "steps", "mean_batch_size"} <= set(row)
         assert 0 <= row["test_acc_mean"] <= 1
@@ -84,6 +99,8 @@ def test_schedule_quality_smoke(
     assert saved["tuning"]["best_number"] is not None
     assert "schedule:" in saved["tuning"]["yaml"] or "stages" in saved["tuning"]["yaml"]
     assert set(saved["targets"]) == {
+        "every_recipe_dominated",
+        "small_acc_at_5x_fewer_steps",
         "within_small_batch_spread",
         "at_least_5x_fewer_steps",
         "above_every_large_batch_baseline",
