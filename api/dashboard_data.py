@@ -636,12 +636,11 @@ def study_page_data(
         "schedules": pictures,
         "noise_scale": None if noise is None else noise.to_dict(),
         "comparison": comparison_rows(study, trials),
-        # The search view: per trial, what it trained, forked or cloned, and its probes;
-        # and what the whole search spent (once the engine has written its summary).
+        # The search view: per trial, what it trained, forked or cloned, and its probes
+        # (what the whole search spent is the header's ``search``).
         "lanes": {
             str(t.number): search_lane(t, (origins or {}).get(t.number, ()), trials) for t in shown
         },
-        "search": search_text(study.summary or {}) or None,
     }
 
 

@@ -188,7 +188,6 @@
       trials: new Map(),
       curves: new Map(),
       lanes: new Map(),
-      search: null,
       schedules: {},
       comparison: [],
       links: data.links,
@@ -219,7 +218,6 @@
     data.trials.forEach(function (t) { S.trials.set(t.number, t); });
     Object.keys(data.curves).forEach(function (k) { S.curves.set(Number(k), data.curves[k]); });
     Object.keys(data.lanes || {}).forEach(function (k) { S.lanes.set(Number(k), data.lanes[k]); });
-    S.search = data.search || null;
     S.study = data.study;
     S.counts = data.counts;
     S.trialTotal = data.trial_total;
@@ -863,7 +861,8 @@
       lane.segments.forEach(function (g) { if (g[2] === "fork") forks += 1; if (g[2] === "clone") clones += 1; });
       probes += lane.probes.length;
     });
-    var note = S.search || (forks + " forks, " + clones + " PBT clones, " + probes + " cooldown probes so far");
+    var note = forks + (forks === 1 ? " fork, " : " forks, ") + clones + (clones === 1 ? " PBT clone, " : " PBT clones, ") +
+      probes + (probes === 1 ? " cooldown probe" : " cooldown probes") + (S.live ? " so far" : "");
     if (shown.length < all.length) note += " · showing " + shown.length + " of " + all.length + " trials";
     el("search-note").textContent = note;
     if (!shown.length) {

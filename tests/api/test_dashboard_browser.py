@@ -993,4 +993,6 @@ def test_the_search_view_draws_forks_clones_and_probes(server: Server, page: Any
     assert rows[0].count() == 0
     assert rows[1].inner_text() == f"forked from #0 at epoch {first_stage}"
     assert rows[2].inner_text() == f"epochs 1-{first_stage} cloned from #0 (PBT)"
-    assert "forks" in page.locator("#search-note").inner_text()  # running: counts so far
+    assert page.locator("#search-note").inner_text() == (
+        "1 fork, 1 PBT clone, 2 cooldown probes so far"
+    )
