@@ -6,8 +6,9 @@ The database holds a finished study built like the engine builds one (baselines 
 space into an Optuna study in the same database, ASHA-stopped shorter curves, a diverged and
 a failed trial, the engine's summary) and a running study. The tests check what a user sees:
 charts drawn with the right traces, sorting, downloads that are valid schedules, and a
-running study updating without a reload. The study page is saved as
-``test-artifacts/study-page.png``.
+running study updating without a reload. That study page is saved as
+``test-artifacts/study-page-seeded.png``; one test runs a real study (the digits task through
+Ray Tune) and saves its page as ``test-artifacts/study-page.png``, the README's screenshot.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -435,16 +437,14 @@ class Server:
     seeded: Seeded
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@contextmanager
+def _serving(db_url: str) -> Iterator[str]:
+    """The app on ``db_url`` served by uvicorn in a thread; yields its base URL."""
     import uvicorn
 
     from api.app import create_app
     from tests.api.conftest import make_settings
 
-    db_url = f"sqlite:///{tmp_path_factory.mktemp('dashboard') / 'stagetune.db'}"
-    upgrade(db_url)
-    seeded = seed_database(db_url)
     port = _free_port()
     config = uvicorn.Config(
         create_app(settings=make_settings(db_url)),
@@ -462,9 +462,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         assert thread.is_alive(), "the server thread died while starting"
         assert time.monotonic() < deadline, "the server did not start in 30 s"
         time.sleep(0.05)
-    yield Server(f"http://127.0.0.1:{port}", db_url, seeded)
-    uv.should_exit = True
-    thread.join(timeout=15)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    db_url = f"sqlite:///{tmp_path_factory.mktemp('dashboard') / 'stagetune.db'}"
+    upgrade(db_url)
+    seeded = seed_database(db_url)
+    with _serving(db_url) as base_url:
+        yield Server(base_url, db_url, seeded)
 
 
 @pytest.fixture(scope="module")
@@ -725,7 +736,7 @@ def test_study_page_draws_every_chart(server: Server, page: Any) -> None:
     again = {t["name"]: t for t in _chart(page, "chart-cost")}
     assert again["Pareto front"]["x"] == cost["Pareto front"]["x"]
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "study-page.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "study-page-seeded.png"), full_page=True)
 
 
 def test_picking_a_trial_adds_its_schedule(server: Server, page: Any) -> None:
@@ -996,3 +1007,50 @@ def test_the_search_view_draws_forks_clones_and_probes(server: Server, page: Any
     assert page.locator("#search-note").inner_text() == (
         "1 fork, 1 PBT clone, 2 cooldown probes so far"
     )
+
+
+REAL_STUDY = """
+task: digits
+name: digits-demo
+schedule: {total_epochs: 6}
+space:
+  stages: {min: 2, max: 3}
+  batch_size: {min: 32, max: 512}
+  lr_multiplier: {min: 0.5, max: 2.0}
+budget: {trials: 12, grace_period_epochs: 2, reduction_factor: 2, startup_trials: 3,
+         prefix_reuse: 0.9, seed_runs: 2}
+resources: {workers: 1, cpus_per_worker: 1}
+"""
+
+
+@pytest.mark.ray
+def test_the_readme_screenshot_is_of_a_real_study(
+    ray_session: None, page: Any, tmp_path: Path
+) -> None:
+    """A real study (the digits task, the real trainable, Ray Tune, Optuna, the store) drawn
+    by the dashboard: every chart has what the study stored, and the full page is the
+    README's screenshot (``test-artifacts/study-page.png``, copied to docs/img)."""
+    from workers.runner import tune_spec
+
+    db_url = f"sqlite:///{tmp_path / 'stagetune.db'}"
+    spec = StudySpec.from_yaml(REAL_STUDY)
+    result = tune_spec(
+        spec, db_url, tmp_path / "best.yaml", storage_path=tmp_path / "ray", quiet=True
+    )
+    with StudyStore(db_url) as store:
+        study = store.get_study(result.study_id)
+        trials = store.list_trials(study.id).items
+    assert study is not None
+    with _serving(db_url) as base_url:
+        page.goto(f"{base_url}/studies/{study.id}")
+        page.wait_for_selector("#comparison-table")
+        assert _row_numbers(page) == [t.number for t in trials]
+        curves = _chart(page, "chart-curves")
+        assert any(t["name"].startswith("best #") for t in curves)
+        lanes = {t["meta"] for t in _chart(page, "chart-lanes")}
+        assert {"own", "probe"} <= lanes
+        assert "Study completed" in page.locator("#study-banner").inner_text()
+        _chart(page, "chart-schedule")
+        _chart(page, "chart-cost")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "study-page.png"), full_page=True)
