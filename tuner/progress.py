@@ -448,6 +448,10 @@ class StudyWatch:
             return True
         return False
 
+    def close(self) -> None:
+        """Close the store connection the polls opened (a later poll opens a new one)."""
+        self._db.close()
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["reason"] = None

@@ -194,6 +194,8 @@ def run_study(
     except Exception as exc:
         _fail(store, study_id, worker_id, exc)
         raise
+    finally:
+        watch.close()
     finished = _finish(store, study_id, worker_id, result)
     if prefixes is not None and finished.status is not StudyStatus.QUEUED:
         # The stage-boundary states serve forks and take-overs while the study runs; an

@@ -225,7 +225,7 @@ resources: {workers: 1, cpus_per_worker: 1}
 
 
 def test_a_pbt_study_exports_its_winning_lineage_as_a_schedule(
-    ray_session: None, sqlite_url: str, tmp_path: Path
+    ray_session: None, db_url: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """budget.search: pbt with the real trainable: the population of 4 perturbs at epoch 2
     (the run cut into stages.max segments); a trial that cloned another goes on from its
@@ -234,9 +234,10 @@ def test_a_pbt_study_exports_its_winning_lineage_as_a_schedule(
     ordinary, valid schedule YAML."""
     spec = StudySpec.from_yaml(PBT_SPEC)
     out = tmp_path / "best.yaml"
-    result = tune_spec(spec, sqlite_url, out, storage_path=tmp_path / "ray", quiet=True)
+    result = tune_spec(spec, db_url, out, storage_path=tmp_path / "ray", quiet=True)
 
-    store = StudyStore(sqlite_url)
+    store = StudyStore(db_url)
+    request.addfinalizer(store.close)  # before the database is dropped
     study = store.get_study(result.study_id)
     assert study.status is StudyStatus.COMPLETED
     summary = study.summary
