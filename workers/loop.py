@@ -32,7 +32,8 @@ step is not applied, so the model and the metrics so far stay finite); a
 ``torch.OutOfMemoryError`` on any rank makes every rank drop that step and retry it with half
 the micro-batch (more accumulation) until micro-batch 1, then :class:`TrialOOMError`.
 
-On CUDA the forward pass runs under bf16 autocast and 4-D inputs use channels-last.
+On CUDA the forward pass runs under bf16 autocast and 4-D inputs use channels-last; the
+trial config's ``compile`` key compiles the model (``nn.Module.compile``, in place).
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class TrialSpec:
     collective_timeout_s: float = 1800.0
     probe_at: tuple[int, ...] = ()
     probe_fraction: float = 0.2
+    compile: bool = False
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TrialSpec:
@@ -117,7 +119,10 @@ class TrialSpec:
         ``noise_scale_ema`` (0.9), ``amp`` (True: bf16 autocast on CUDA),
         ``collective_timeout_s`` (1800), ``probe_at`` (epoch counts after which a cooldown
         probe runs, e.g. ``[2, 6]``; see :meth:`TrialWorker.probe`), ``probe_fraction`` (0.2:
-        the probe's length as a fraction of the epochs trained so far; in (0, 1]).
+        the probe's length as a fraction of the epochs trained so far; in (0, 1]),
+        ``compile`` (False: ``torch.compile`` the model's forward pass; it pays a compilation
+        per new batch shape, and made the built-in ResNet-20's trial loop slower on an H100,
+        ``bench/README.md`` section 3).
         ``resources: {workers, cpus_per_worker,
         gpus_per_worker}`` is accepted as an alternative spelling of those three keys (the
         flat keys win). Other keys are ignored (the engine may carry bookkeeping).
@@ -234,6 +239,10 @@ class TrialSpec:
         fraction = number("probe_fraction", 0.2, 0.0, strict=True)
         if fraction > 1.0:
             problems.append(f"'probe_fraction' must be in (0, 1], got {fraction}")
+        performance_aware = flag("performance_aware", False)
+        drop_last = flag("drop_last", True)
+        amp = flag("amp", True)
+        compile_model = flag("compile", False)
         if problems or schedule is None:
             raise ValidationError("invalid trial config: " + "; ".join(problems))
         return cls(
@@ -245,15 +254,16 @@ class TrialSpec:
             cpus_per_worker=cpus,
             gpus_per_worker=gpus,
             micro_batch=micro,
-            performance_aware=flag("performance_aware", False),
-            drop_last=flag("drop_last", True),
+            performance_aware=performance_aware,
+            drop_last=drop_last,
             slowdown=slowdown,
             eval_batch_size=int(eval_bs or 1024),
             noise_scale_ema=ema,
-            amp=flag("amp", True),
+            amp=amp,
             collective_timeout_s=timeout,
             probe_at=tuple(sorted(set(probe_at))),
             probe_fraction=fraction,
+            compile=compile_model,
         )
 
 
@@ -395,6 +405,8 @@ class TrialWorker:
         self._channels_last = self.device.type == "cuda" and data.train_x.dim() == 4
         if self._channels_last:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        if spec.compile:
+            model.compile()  # in place: the state dict keeps its keys (checkpoints, forks)
         model.train()
         if self.world_size > 1:
             with torch.no_grad():
@@ -443,6 +455,7 @@ class TrialWorker:
             "backend": self.ctx.backend,
             "amp": self.device.type == "cuda" and spec.amp,
             "channels_last": self._channels_last,
+            "compile": spec.compile,
             "num_train": n,
             "num_val": data.num_val,
             "parameters": numel,

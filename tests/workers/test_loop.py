@@ -244,15 +244,29 @@ def test_trial_spec_defaults_and_errors() -> None:
     assert spec.micro_batch is None
     assert spec.performance_aware is False
     assert spec.drop_last
+    assert spec.compile is False
+    compiled = TrialSpec.from_config(
+        {"schedule": schedule.to_dict(), "task": "digits", "compile": True}
+    )
+    assert compiled.compile is True
     nested = TrialSpec.from_config(
         {"schedule": schedule.to_dict(), "task": "digits", "resources": {"workers": 2}}
     )
     assert nested.workers == 2
     with pytest.raises(ValidationError) as info:
         TrialSpec.from_config(
-            {"schedule": schedule.to_dict(), "task": "", "workers": 0, "slowdown": {"5": 2.0}}
+            {
+                "schedule": schedule.to_dict(),
+                "task": "",
+                "workers": 0,
+                "slowdown": {"5": 2.0},
+                "compile": "yes",
+                "amp": 1,
+            }
         )
     message = str(info.value)
+    assert "'compile' must be true or false, got 'yes'" in message
+    assert "'amp' must be true or false, got 1" in message
     assert "'task'" in message
     assert "'workers'" in message
     assert "slowdown" in message
