@@ -388,6 +388,9 @@ class EngineResult:
     resumed: bool
     experiment_path: str
     baselines: tuple[Baseline, ...] = field(default=())
+    complete: bool = True
+    """The search ran to its budget (``budget.trials`` trials, or ``budget.trial_epochs``
+    spent); False when it was interrupted and can be resumed."""
 
     @property
     def best(self) -> TrialOutcome | None:
@@ -782,6 +785,7 @@ class TuningEngine:
             prior=self.prior_trials,
             prefix_reuse=spec.budget.prefix_reuse if spec.budget.prefix_store_mb > 0 else 0.0,
             noise_candidate=self.noise_candidate_note() is None,
+            epoch_budget=spec.budget.trial_epochs,
         )
 
     @property
@@ -1072,13 +1076,17 @@ class TuningEngine:
         # ``should_stop`` itself whether the run was cancelled.
         cancelled = bool(self.should_stop is not None and self.should_stop())
         seeds = self.seeds()
-        # Seed runs follow a whole search only (an interrupted one is resumed first).
-        whole = len(outcomes) >= self.budget
+        compute = sum(float(o.extra.get("compute_epochs") or o.epochs_done or 0) for o in outcomes)
+        epoch_budget = self.resolved.spec.budget.trial_epochs
+        # Seed runs follow a whole search only (an interrupted one is resumed first): every
+        # trial of the budget, or the trial-epoch budget spent.
+        whole = len(outcomes) >= self.budget or (
+            epoch_budget is not None and not self.pbt and compute >= epoch_budget
+        )
         stats = self._seed_runs(outcomes, seeds) if whole and not cancelled else []
         cancelled = bool(self.should_stop is not None and self.should_stop())
         if cancelled:
             stats = []
-        compute = sum(float(o.extra.get("compute_epochs") or o.epochs_done or 0) for o in outcomes)
         summary = summarize(
             outcomes,
             self.objective,
@@ -1104,6 +1112,7 @@ class TuningEngine:
                 # Trial-epochs this run trained, cooldown probes and seed runs included
                 # (trials the database held as finished before a take-over count theirs).
                 "search_compute_epochs": round(compute, 3),
+                "trial_epochs_budget": epoch_budget,
                 "compute_epochs": round(compute + sum(s.compute_epochs for s in stats), 3),
             },
         )
@@ -1113,6 +1122,7 @@ class TuningEngine:
             cancelled=cancelled,
             resumed=resumed,
             experiment_path=str(self.experiment_path),
+            complete=whole,
             baselines=self.baselines,
         )
 

@@ -253,8 +253,12 @@ class ScheduleSearcher(Searcher):
         prior: Sequence[PriorTrial] = (),
         prefix_reuse: float = 0.0,
         noise_candidate: bool = False,
+        epoch_budget: int | None = None,
     ) -> None:
         super().__init__(metric=None, mode=None)
+        # budget.trial_epochs: no trial starts once the trials have trained this much.
+        self._epoch_budget = epoch_budget
+        self._compute: dict[str, float] = {}  # trial id -> compute_epochs reported so far
         # The noise-scale candidate (tuner.noise_candidate): the small-batch baseline's noise
         # scale per epoch, then the candidate's Optuna params until it is drawn.
         self._noise_candidate = noise_candidate and not objective.is_multi
@@ -356,11 +360,15 @@ class ScheduleSearcher(Searcher):
             self._plan_tail += 1
         if self._budget is not None and number >= self._budget:
             return str(Searcher.FINISHED)
-        self._next_number = max(self._next_number, number + 1)
         if number in self._refill:
-            # A trial started before the restart but not finished: the same trial again.
+            # A trial started before the restart but not finished: the same trial again
+            # (it started within the trial-epoch budget).
+            self._next_number = max(self._next_number, number + 1)
             meta, schedule_dict = self._refill.pop(number)
             return self._issue(trial_id, meta, schedule_dict)
+        if self._epoch_budget is not None and self.epochs_spent() >= self._epoch_budget:
+            return str(Searcher.FINISHED)
+        self._next_number = max(self._next_number, number + 1)
         if number < len(self._baselines):
             name, schedule_dict = self._baselines[number]
             return self._issue(trial_id, TrialMeta(number, name, {}), schedule_dict)
@@ -562,9 +570,26 @@ class ScheduleSearcher(Searcher):
             return TrialState.PRUNED, None
         return TrialState.COMPLETE, list(values)
 
+    def epochs_spent(self) -> float:
+        """Trial-epochs the search has trained: what this run's trials reported
+        (``compute_epochs``: their epochs and cooldown probes, forked prefixes not), plus the
+        finished trials a resumed study held already."""
+        live = LIVE_RUNS.get(self._live_key or "")
+        prior = live.prior if live is not None else self._prior
+        before = sum(
+            float(p.outcome.extra.get("compute_epochs") or p.outcome.epochs_done or 0)
+            for p in prior
+            if p.finished and p.outcome is not None
+        )
+        return before + sum(self._compute.values())
+
     def _track(self, trial_id: str, result: Mapping[str, Any]) -> None:
-        """A trial's furthest epoch and latest score (the parents of prefix reuse)."""
+        """A trial's furthest epoch and latest score (the parents of prefix reuse), and the
+        compute it has spent."""
         step = result.get("training_iteration")
+        compute = result.get("compute_epochs", step)  # a trainable without it: its epochs
+        if isinstance(compute, int | float) and not isinstance(compute, bool):
+            self._compute[trial_id] = max(self._compute.get(trial_id, 0.0), float(compute))
         if isinstance(step, int):
             reached, score, at = self._progress.get(trial_id, (0, None, 0))
             value = result.get("score")

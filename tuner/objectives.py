@@ -443,6 +443,10 @@ def search_text(summary: Mapping[str, Any]) -> str:
         at = [str(e) for e in probes["at_epochs"]]
         word = "epoch" if len(at) == 1 else "epochs"
         parts[0] += f" (cooldown probes after {word} {', '.join(at)} included)"
+    cap = summary.get("trial_epochs_budget")
+    searched = summary.get("search_compute_epochs")
+    if isinstance(cap, int | float) and isinstance(searched, int | float):
+        parts.append(f"the trials spent {searched:,.1f} of a {cap:,} trial-epoch budget")
     seeded = summary.get("seed_runs")
     if isinstance(seeded, Mapping) and seeded.get("finalists"):
         n_final, n_seeds = len(seeded["finalists"]), len(seeded.get("seeds") or ())

@@ -348,6 +348,16 @@ class Budget(_Model):
         le=MAX_TRIALS,
         description="Trials in all, the baselines included.",
     )
+    trial_epochs: int | None = Field(
+        strict=True,
+        default=None,
+        ge=1,
+        le=MAX_TRIALS * MAX_EPOCHS,
+        description="Compute budget of the search in trial-epochs (epochs trained by its "
+        "trials, cooldown probes included, forked prefixes not): no trial starts once it is "
+        "spent, the running ones finish. The study ends at this or at budget.trials, "
+        "whichever comes first; the finalists' seed runs are not counted. null: trials only.",
+    )
     max_concurrent: int | None = Field(
         strict=True,
         default=None,
@@ -609,6 +619,12 @@ class StudySpec(_Model):
                 problems.append(
                     "budget.search: pbt ranks its population by accuracy: use objective.kind: "
                     "accuracy, or budget.search: optuna"
+                )
+            elif self.budget.trial_epochs is not None:
+                problems.append(
+                    "budget.trial_epochs applies to budget.search: optuna (PBT trains its "
+                    "whole population: its compute is the population times the epochs); "
+                    "remove it or use budget.search: optuna"
                 )
             elif self.budget.trials - n_baselines < 2:
                 problems.append(

@@ -268,7 +268,7 @@ def _finish(
     elif study.cancel_requested:
         status = StudyStatus.CANCELLED
         store.finish_study(study_id, status, summary=summary, worker_id=worker_id)
-    elif len(result.outcomes) < study.budget:
+    elif not result.complete:
         # Ended early without a cancel (Tune's own Ctrl-C handling): resumable.
         if worker_id is not None:
             store.release_study(study_id, worker_id)

@@ -25,7 +25,7 @@ from tuner.engine import (
 )
 from tuner.engine_search import PriorTrial
 from tuner.noise_candidate import noise_scale_schedule
-from tuner.objectives import StudyObjective
+from tuner.objectives import StudyObjective, search_text
 from tuner.schedule import Schedule
 from tuner.spec import StudySpec, TaskDefaults
 
@@ -705,3 +705,28 @@ def test_unreadable_state_names_the_file_a_restore_could_not_read(tmp_path: Path
     )
     assert check(**{"tuner.pkl": files["tuner.pkl"][:5]}) is not None
     assert check(**{"callback-states-2026-01-01_00-00-00.pkl": b"\x80"}) is not None
+
+
+def test_a_trial_epoch_budget_ends_the_search_when_it_is_spent(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """budget.trial_epochs: no trial starts once the trials have trained that many epochs;
+    the one running finishes, and the search counts as complete (not interrupted)."""
+    text = SPEC.replace(
+        "budget: {trials: 8,", "budget: {trials: 40, trial_epochs: 15, max_concurrent: 1,"
+    )
+    eng = engine(tmp_path, text)
+    result = eng.run()
+
+    trained = epochs_trained(tmp_path)
+    assert len(trained) >= 15
+    numbers = [o.number for o in result.outcomes]
+    assert numbers == list(range(len(numbers)))
+    assert len(numbers) < 40
+    # One trial at a time: the last one started before the budget was spent.
+    last = numbers[-1]
+    assert sum(1 for n in trained if n != last) < 15
+    assert result.complete is True
+    assert result.summary["trial_epochs_budget"] == 15
+    assert result.summary["search_compute_epochs"] == len(trained)
+    assert "of a 15 trial-epoch budget" in search_text(result.summary)

@@ -41,6 +41,12 @@ def test_task_alone_is_a_valid_spec_with_sane_defaults() -> None:
     assert (resolved.batch_min, resolved.batch_max) == (32, 512)
 
 
+def test_a_trial_epoch_budget_is_optional_and_parses() -> None:
+    assert StudySpec.from_yaml("task: mnist1d").budget.trial_epochs is None
+    spec = StudySpec.from_yaml("task: mnist1d\nbudget: {trials: 200, trial_epochs: 400}")
+    assert (spec.budget.trials, spec.budget.trial_epochs) == (200, 400)
+
+
 def test_explicit_settings_win_over_task_defaults() -> None:
     spec = StudySpec.from_yaml(
         "task: digits\nschedule: {total_epochs: 5, base_lr: 0.2, base_batch_size: 16, "
@@ -150,6 +156,11 @@ def test_errors_name_the_field_and_the_reason(text: str, field: str, reason: str
             "space: {stages: {min: 4, max: 4}, min_stage_fraction: 0.3}",
             "do not fit in the run",
         ),
+        (
+            "task: mnist1d\nbudget: {search: pbt, trials: 8, trial_epochs: 100}",
+            "budget.trial_epochs applies to budget.search: optuna",
+        ),
+        ("task: mnist1d\nbudget: {trial_epochs: 0}", "greater than or equal to 1"),
     ],
 )
 def test_specs_no_schedule_can_satisfy_are_rejected_with_the_fix(text: str, reason: str) -> None:

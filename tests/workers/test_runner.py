@@ -211,6 +211,40 @@ def test_a_small_digits_study_end_to_end(
     assert f"{mean:.4f} ± {std:.4f}" in printed
 
 
+def test_a_study_on_a_trial_epoch_budget_completes_with_fewer_trials(
+    ray_session: None, sqlite_url: str, tmp_path: Path
+) -> None:
+    """budget.trial_epochs: the study stops starting trials once they have trained 14 epochs
+    and is completed (not queued again as interrupted), with its best schedule exported and
+    the budget in the CLI's search line."""
+    text = SPEC.replace(
+        "budget: {trials: 6, grace_period_epochs: 2, reduction_factor: 2, seed_runs: 0}",
+        "budget: {trials: 30, trial_epochs: 14, max_concurrent: 1, grace_period_epochs: 2,\n"
+        "         reduction_factor: 2, seed_runs: 0}",
+    )
+    spec = StudySpec.from_yaml(text)
+    out = tmp_path / "best.yaml"
+    result = tune_spec(spec, sqlite_url, out, storage_path=tmp_path / "ray", quiet=True)
+
+    assert result.status is StudyStatus.COMPLETED
+    with StudyStore(sqlite_url) as store:
+        study = store.get_study(result.study_id)
+        trials = store.list_trials(study.id).items
+    assert study.status is StudyStatus.COMPLETED
+    assert 4 <= len(trials) < 30  # 3 baselines of 4 epochs, then tuned trials up to 14
+    summary = study.summary
+    assert summary is not None
+    assert summary["trial_epochs_budget"] == 14
+    assert summary["search_compute_epochs"] >= 14
+    assert out.exists()
+    from rich.console import Console
+
+    console = Console(record=True, width=240)
+    print_result(result, console)
+    spent = summary["search_compute_epochs"]
+    assert f"the trials spent {spent:,.1f} of a 14 trial-epoch budget" in console.export_text()
+
+
 PBT_SPEC = """
 task: digits
 name: digits-pbt
