@@ -127,7 +127,7 @@ class RunResult:
         return asdict(self)
 
 
-def _trial_config(job: Job) -> dict[str, Any]:
+def _trial_config(job: Job, gpus_per_worker: float = 0.0) -> dict[str, Any]:
     return {
         "schedule": job.schedule.to_dict(),
         "task": job.task,
@@ -135,18 +135,20 @@ def _trial_config(job: Job) -> dict[str, Any]:
         "seed": job.seed,
         "workers": 1,
         "cpus_per_worker": 1.0,
-        "gpus_per_worker": 0.0,
+        "gpus_per_worker": gpus_per_worker,
         "micro_batch": None,
         "performance_aware": False,
     }
 
 
-def _train_and_test(gang: Any, job: Job) -> RunResult:
+def _train_and_test(gang: Any, job: Job, gpus_per_worker: float = 0.0) -> RunResult:
     import torch
 
     from workers.tasks import evaluate, get_task
 
-    gang.call("configure", _trial_config(job))  # the first one per gang loads the data
+    gang.call(
+        "configure", _trial_config(job, gpus_per_worker)
+    )  # the first one per gang loads the data
     started = time.perf_counter()
     last: dict[str, Any] = {}
     for epoch in range(job.schedule.total_epochs):
@@ -185,10 +187,12 @@ def retrain_many(
     jobs: Sequence[Job],
     parallel: int = 1,
     on_done: Callable[[RunResult], None] | None = None,
+    gpus_per_worker: float = 0.0,
 ) -> list[RunResult]:
     """Train every job (``parallel`` one-worker gangs at once, each reused across its jobs:
-    ``configure`` re-initialises model, optimizer and RNGs) and test it; results in job
-    order. Ray must be running (:func:`ensure_ray`)."""
+    ``configure`` re-initialises model, optimizer and RNGs; each worker holds
+    ``gpus_per_worker`` of a GPU, fractions share one) and test it; results in job order.
+    Ray must be running (:func:`ensure_ray`)."""
     import torch
 
     from workers.gang import Gang
@@ -204,7 +208,7 @@ def retrain_many(
 
     def work() -> None:
         try:
-            gang = Gang(1, TrialWorker)
+            gang = Gang(1, TrialWorker, gpus_per_worker=gpus_per_worker)
         except BaseException as exc:  # reported by the caller
             errors.append(exc)
             return
@@ -214,7 +218,7 @@ def retrain_many(
                     index, job = todo.get_nowait()
                 except queue.Empty:
                     return
-                result = _train_and_test(gang, job)
+                result = _train_and_test(gang, job, gpus_per_worker)
                 with lock:
                     results[index] = result
                     if on_done is not None:

@@ -47,7 +47,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,7 @@ def study_spec(
     seed: int,
     grace: int,
     concurrent: int,
+    gpus_per_worker: float = 0.0,
 ) -> StudySpec:
     """The tuning study: accuracy under a step budget; the baselines are trained here, so the
     study runs none."""
@@ -122,7 +123,11 @@ def study_spec(
                 "sampler": "tpe",
                 "startup_trials": min(8, max(1, trials // 4)),
             },
-            "resources": {"workers": 1, "cpus_per_worker": 1},
+            "resources": {
+                "workers": 1,
+                "cpus_per_worker": 1,
+                "gpus_per_worker": gpus_per_worker,
+            },
             "baselines": False,
         }
     )
@@ -223,6 +228,15 @@ def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
     plt.close(fig)
 
 
+def _where(data: Mapping[str, Any]) -> str:
+    """What each run trained on: the CPU, or its share of the GPU."""
+    gpus = float(data["config"].get("gpus_per_worker") or 0.0)
+    if not gpus:
+        return "CPU"
+    gpu = data.get("machine", {}).get("gpu") or "GPU"
+    return f"{gpus:g} of one {gpu}, bf16 autocast"
+
+
 def _markdown(data: dict[str, Any]) -> str:
     cfg = data["config"]
     rows = [
@@ -242,7 +256,7 @@ def _markdown(data: dict[str, Any]) -> str:
         f"# Schedule quality: {cfg['task']}, {cfg['epochs']} epochs, seeds {cfg['seeds']}\n",
         "Test accuracy (held-out split, never seen by tuning), mean +/- sample std over the "
         "seeds; steps and mean batch per run; samples/s and times are per run (1 worker, "
-        "CPU), means over the seeds.\n",
+        f"{_where(data)}), means over the seeds.\n",
         markdown_table(
             [
                 "schedule",
@@ -266,6 +280,8 @@ def _markdown(data: dict[str, Any]) -> str:
     for key, value in targets.items():
         out.append(f"- {key}: {'met' if value['met'] else 'NOT met'} ({value['detail']})\n")
     out.append(f"\nMachine: {data['machine']}\n")
+    if data.get("summary_line"):
+        out.append(f"\n```\n{data['summary_line']}\n```\n")
     return "".join(out)
 
 
@@ -356,13 +372,15 @@ def _tune(
         args.study_seed,
         args.grace,
         args.concurrent,
+        args.gpus_per_worker,
     )
     budget = (
         f"{args.trials} trials (TPE, {spec.budget.startup_trials} random start-up, ASHA "
         f"grace {args.grace} epochs, reduction 3, cooldown probes "
         f"{'on' if spec.budget.cooldown_probes else 'off'}, prefix reuse "
         f"{spec.budget.prefix_reuse:g}), {args.concurrent} at once, 1 worker "
-        f"each, {args.epochs} epochs, objective: val accuracy with max_steps {max_steps} "
+        f"each{f' ({args.gpus_per_worker:g} GPU)' if args.gpus_per_worker else ''}, "
+        f"{args.epochs} epochs, objective: val accuracy with max_steps {max_steps} "
         f"({max_steps / small_steps:.2g} x small batch's {small_steps}), batch "
         f"{space.base_batch_size}-{space.largest_batch}"
     )
@@ -422,6 +440,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--trials", type=int, default=40, help="tuning budget (trials)")
     parser.add_argument("--grace", type=int, default=3, help="ASHA grace period (epochs)")
     parser.add_argument("--concurrent", type=int, default=2, help="trials / runs at once")
+    parser.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        default=0.0,
+        help="GPU share of each trial and retraining run (0: CPU; 0.25: four share a GPU)",
+    )
     parser.add_argument("--steps-fraction", type=float, default=0.2)
     parser.add_argument("--study-seed", type=int, default=0)
     parser.add_argument("--tuned-yaml", type=Path, default=None)
@@ -503,7 +527,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         )
 
     print(f"retraining {len(jobs)} runs on seeds {seeds}", flush=True)
-    results = retrain_many(jobs, parallel=args.concurrent, on_done=done)
+    results = retrain_many(
+        jobs, parallel=args.concurrent, on_done=done, gpus_per_worker=args.gpus_per_worker
+    )
     by_label: dict[str, dict[str, Any]] = {}
     for label, schedule in schedules.items():
         row = _row(label, [r for r in results if r.label == label])
@@ -520,6 +546,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "train_size": train_size,
             "batch_range": [space.base_batch_size, space.largest_batch],
             "base_lr": space.base_lr,
+            "gpus_per_worker": args.gpus_per_worker,
             "smoke": args.smoke,
         },
         "tuning": tuning,
@@ -555,6 +582,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     data["summary_line"] = line
     write_json(args.results_dir / f"{stem}.json", data)
+    (args.results_dir / f"{stem}.md").write_text(_markdown(data), "utf-8")
     print(_markdown(data))
     print(line, flush=True)
     return data

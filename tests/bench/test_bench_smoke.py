@@ -174,3 +174,45 @@ def test_trial_overhead_measures_what_a_fork_costs(ray_session: None, tmp_path: 
     assert len(row["save_s"]) == len(row["load_s"]) == 3
     assert all(0 < s < 30 for s in [*row["save_s"], *row["load_s"]])
     assert row["fork_s"] == row["save_median_s"] + row["load_median_s"]
+
+
+def test_gpu_throughput_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench/gpu_throughput.py --smoke`` runs every part on the CPU: the trial loop and the
+    plain loop on CIFAR-size synthetic images, then short trials through Ray Tune one at a
+    time and two at once. The bench starts its own Ray (its workers must see the datasets
+    root it sets), so the session's instance, if any, is stopped and started again."""
+    import ray
+
+    module = _load("gpu_throughput")
+    running = ray.is_initialized()
+    ray.shutdown()
+    try:
+        data = module.main(["--smoke", "--results-dir", str(tmp_path)])
+    finally:
+        if running:
+            ray.init(
+                num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False
+            )
+    fields = _fields(_last_line(capsys.readouterr().out), "gpu_throughput")
+    assert set(fields) == {
+        "device",
+        "loop_vs_plain_at_64",
+        "loop_samples_per_s_at_64",
+        "plain_samples_per_s_at_64",
+        "best_sharing",
+        "trials_per_hour_shared",
+        "trials_per_hour_alone",
+    }
+    assert fields["device"] == "cpu"
+    assert [row["batch"] for row in data["loop_vs_plain"]] == [32, 64]
+    for row in data["loop_vs_plain"]:
+        assert row["loop"] > 0
+        assert row["plain"] > 0
+        assert row["ratio"] == pytest.approx(row["loop"] / row["plain"])
+        assert row["loop_detail"]["False"]["steps"] == 1200 // row["batch"]
+    assert [r["sharing"] for r in data["shared"]] == [1, 2]
+    assert all(r["trials"] == 2 and r["trials_per_hour"] > 0 for r in data["shared"])
+    saved = json.loads((tmp_path / "gpu_throughput_smoke.json").read_text())
+    assert saved["summary_line"] == _last_line(
+        (tmp_path / "gpu_throughput_smoke.md").read_text().replace("```", "").strip()
+    )
