@@ -26,7 +26,9 @@ probes, less the epochs a fork did not train again; a schedule rejected by the o
 constraint before training costs 0), in the order trials finish. A trial's accuracy counts as a
 "schedule found" only when it trained every epoch (a trial stopped by ASHA has no final
 accuracy). The fixed compute budget is the random search's: ``random trials x epochs``
-trial-epochs; the other curves are cut there.
+trial-epochs; the other curves are cut there. The TPE searches get it as their
+``budget.trial_epochs`` (with ``--tpe-trials``, 72, only a cap on their count), so the compute
+that early stopping and forks save buys more trials.
 
 The *best schedule known* is the most accurate full run (validation accuracy, the tuning
 metric) over all studies of this run; for each study the script reports the trial-epochs spent
@@ -100,6 +102,7 @@ def study_spec(
     seed: int,
     grace: int,
     concurrent: int,
+    trial_epochs: int | None = None,
 ) -> StudySpec:
     tpe = method not in ("random", "pbt")
     objective: dict[str, Any] = {"kind": "accuracy"}
@@ -122,6 +125,9 @@ def study_spec(
             "objective": objective,
             "budget": {
                 "trials": trials,
+                # The TPE searches stop on compute (budget.trial_epochs), not on a trial count:
+                # what ASHA and forks save goes into more trials.
+                "trial_epochs": trial_epochs if tpe else None,
                 "max_concurrent": concurrent,
                 "grace_period_epochs": grace,
                 "reduction_factor": 3,
@@ -256,7 +262,8 @@ def _markdown(data: dict[str, Any]) -> str:
     out = [
         f"# Tuning efficiency: {cfg['task']}, {cfg['epochs']}-epoch trials\n\n",
         f"Budget per study: random {cfg['random_trials']} trials, the TPE + ASHA searches "
-        f"{cfg['tpe_trials']} trials (grace {cfg['grace']} epochs, reduction 3; probes after "
+        f"up to {cfg['tpe_trials']} trials within `budget.trial_epochs: {budget}` (no trial "
+        f"starts once it is spent; grace {cfg['grace']} epochs, reduction 3; probes after "
         "the rungs' epochs, 0.2 of the epochs trained), curves cut at "
         f"{budget} trial-epochs; {cfg['concurrent']} trials at once, 1 worker each. "
         f"Objective: val accuracy with max_steps {cfg['max_steps']}. Best schedule known: "
@@ -372,7 +379,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--epochs", type=int, default=12, help="epochs of every trial")
     parser.add_argument("--seeds", type=int, default=3, help="studies per method")
     parser.add_argument("--random-trials", type=int, default=12)
-    parser.add_argument("--tpe-trials", type=int, default=24)
+    parser.add_argument(
+        "--tpe-trials",
+        type=int,
+        default=72,
+        help="cap on the TPE searches' trials (they stop when the compute budget is spent)",
+    )
     parser.add_argument(
         "--pbt-population", type=int, default=None, help="default: 2/3 of --random-trials"
     )
@@ -413,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     budget = args.random_trials * args.epochs
     print(
         f"task {task.name}: {args.epochs} epochs per trial, max_steps {max_steps} (small batch: "
-        f"{small_steps}); random {args.random_trials} trials, TPE + ASHA {args.tpe_trials} "
+        f"{small_steps}); random {args.random_trials} trials, TPE + ASHA up to {args.tpe_trials} "
         f"trials; compute budget {budget} trial-epochs; {args.seeds} seed(s)",
         flush=True,
     )
@@ -434,6 +446,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 seed,
                 args.grace,
                 args.concurrent,
+                trial_epochs=budget,
             )
             with tempfile.TemporaryDirectory(prefix="stagetune-bench-") as tmp:
                 run = run_tuning_study(spec, Path(tmp))
