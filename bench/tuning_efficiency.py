@@ -389,7 +389,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--pbt-population", type=int, default=None, help="default: 2/3 of --random-trials"
     )
     parser.add_argument("--grace", type=int, default=2, help="ASHA grace period (epochs)")
-    parser.add_argument("--batch-max", type=int, default=512)
+    parser.add_argument(
+        "--batch-max",
+        type=int,
+        default=1024,
+        help="largest batch of the space (the schedule-quality benchmark's range)",
+    )
     parser.add_argument("--steps-fraction", type=float, default=0.2, help="max_steps / small's")
     parser.add_argument("--concurrent", type=int, default=2)
     parser.add_argument("--tolerance", type=float, default=0.002, help="0.2 point (the target)")

@@ -61,6 +61,7 @@ def test_schedule_quality_smoke(
         "steps_ratio",
         "best_baseline",
         "best_baseline_acc",
+        "large_batch_gap",
     }
     assert fields["task"] == "digits"
     assert 0 <= float(fields["tuned_acc"]) <= 100
@@ -81,6 +82,8 @@ def test_schedule_quality_smoke(
     front = saved["targets"]["every_recipe_dominated"]
     assert fields["dominated"] == f"{front['dominated']}/5"
     rows = {r["schedule"]: r for r in saved["rows"]}
+    gap = 100 * (rows["small_batch"]["test_acc_mean"] - rows["large_linear"]["test_acc_mean"])
+    assert float(fields["large_batch_gap"]) == pytest.approx(gap, abs=0.006)
     for recipe, by in front["by"].items():
         r = rows[recipe]
         matched = [
@@ -111,6 +114,7 @@ def test_schedule_quality_smoke(
     assert "| schedule |" in md
     assert "| **tuned** |" in md
     assert "Targets:" in md
+    assert f"Large-batch gap of the task: {fields['large_batch_gap']} points" in md
     _png(tmp_path / "schedule_quality_smoke.png")
 
 
