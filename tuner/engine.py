@@ -80,6 +80,7 @@ from tuner.schedule import Schedule
 from tuner.seeds import SeedStats, finalists, fresh_seeds, seed_stats
 from tuner.space import ScheduleSpace, check_feasible, constraint_violations
 from tuner.spec import AccuracyObjective, ResolvedSpec
+from tuner.trial_config import TrialConfig
 
 __all__ = [
     "SEED_RUN_KEY",
@@ -1040,6 +1041,8 @@ class TuningEngine:
             return self._run()
 
     def _run(self) -> EngineResult:
+        # The trial config's rules (tuner.trial_config), checked before any trial starts.
+        TrialConfig.from_config({**self.common_config(), "schedule": self._any_schedule()})
         connect_ray()
         self.storage_path.mkdir(parents=True, exist_ok=True)
         live = LiveRun(

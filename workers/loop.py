@@ -33,7 +33,8 @@ step is not applied, so the model and the metrics so far stay finite); a
 the micro-batch (more accumulation) until micro-batch 1, then :class:`TrialOOMError`.
 
 On CUDA the forward pass runs under bf16 autocast and 4-D inputs use channels-last; the
-trial config's ``compile`` key compiles the model (``nn.Module.compile``, in place).
+trial config's ``compile`` key compiles the model (``nn.Module.compile``, in place). The trial
+config's keys, their rules and defaults are :class:`tuner.trial_config.TrialConfig`'s.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,6 +56,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from tuner.errors import StagetuneError, ValidationError
 from tuner.schedule import BatchPlacement, PlacementError, Schedule, place, place_batch
+from tuner.trial_config import TrialConfig
 from workers.gang import WorkerContext
 from workers.noise_scale import NoiseScaleEstimator
 from workers.tasks import Task, TaskData, evaluate_totals, get_task, register_task
@@ -62,7 +64,6 @@ from workers.tasks import Task, TaskData, evaluate_totals, get_task, register_ta
 __all__ = [
     "LARS",
     "TrialOOMError",
-    "TrialSpec",
     "TrialWorker",
 ]
 
@@ -82,189 +83,6 @@ def _seed(*parts: int) -> int:
     """An independent 63-bit seed for the stream ``parts`` (e.g. (seed, purpose, epoch))."""
     state = np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(2)
     return int((int(state[0]) << 31) ^ int(state[1]))
-
-
-@dataclass(frozen=True)
-class TrialSpec:
-    """A parsed, validated trial config (see :meth:`from_config` for the keys)."""
-
-    schedule: Schedule
-    task: str
-    task_options: Mapping[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    workers: int = 1
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-    micro_batch: int | None = None
-    performance_aware: bool = False
-    drop_last: bool = True
-    slowdown: Mapping[int, float] = field(default_factory=dict)
-    eval_batch_size: int = 1024
-    noise_scale_ema: float = 0.9
-    amp: bool = True
-    collective_timeout_s: float = 1800.0
-    probe_at: tuple[int, ...] = ()
-    probe_fraction: float = 0.2
-    compile: bool = False
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> TrialSpec:
-        """Parse a trial config; :class:`ValidationError` listing every bad key.
-
-        Keys: ``schedule`` (``Schedule.to_dict()``, required), ``task`` (name, required),
-        ``task_options`` ({}), ``seed`` (0), ``workers`` (1), ``cpus_per_worker`` (1.0),
-        ``gpus_per_worker`` (0.0), ``micro_batch`` (None: no limit), ``performance_aware``
-        (False), ``drop_last`` (True), ``slowdown`` ({rank: factor >= 1}, debug: that rank
-        sleeps ``factor - 1`` times its compute time), ``eval_batch_size`` (1024),
-        ``noise_scale_ema`` (0.9), ``amp`` (True: bf16 autocast on CUDA),
-        ``collective_timeout_s`` (1800), ``probe_at`` (epoch counts after which a cooldown
-        probe runs, e.g. ``[2, 6]``; see :meth:`TrialWorker.probe`), ``probe_fraction`` (0.2:
-        the probe's length as a fraction of the epochs trained so far; in (0, 1]),
-        ``compile`` (False: ``torch.compile`` the model's forward pass; it pays a compilation
-        per new batch shape, and made the built-in ResNet-20's trial loop slower on an H100,
-        ``bench/README.md`` section 3).
-        ``resources: {workers, cpus_per_worker,
-        gpus_per_worker}`` is accepted as an alternative spelling of those three keys (the
-        flat keys win). Other keys are ignored (the engine may carry bookkeeping).
-        """
-        if not isinstance(config, Mapping):
-            raise ValidationError(f"a trial config must be a mapping, got {type(config).__name__}")
-        merged: dict[str, Any] = {}
-        resources = config.get("resources")
-        if isinstance(resources, Mapping):
-            merged.update(
-                {
-                    k: resources[k]
-                    for k in ("workers", "cpus_per_worker", "gpus_per_worker")
-                    if k in resources
-                }
-            )
-        merged.update(config)
-        problems: list[str] = []
-        schedule: Schedule | None = None
-        raw_schedule = merged.get("schedule")
-        if isinstance(raw_schedule, Schedule):
-            schedule = raw_schedule
-        elif raw_schedule is None:
-            problems.append("'schedule' is required (a Schedule.to_dict() mapping)")
-        else:
-            try:
-                schedule = Schedule.from_dict(raw_schedule)
-            except ValidationError as exc:
-                problems.append(f"schedule: {exc}")
-        task = merged.get("task")
-        if not isinstance(task, str) or not task:
-            problems.append(f"'task' must be a task name, got {task!r}")
-        options = merged.get("task_options") or {}
-        if not isinstance(options, Mapping):
-            problems.append(f"'task_options' must be a mapping, got {type(options).__name__}")
-            options = {}
-
-        def integer(key: str, default: int | None, low: int) -> int | None:
-            value = merged.get(key, default)
-            if value is None and default is None:
-                return None
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                problems.append(f"'{key}' must be an integer >= {low}, got {value!r}")
-                return default
-            return int(value)
-
-        def number(key: str, default: float, low: float, *, strict: bool = False) -> float:
-            value = merged.get(key, default)
-            ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
-            if ok and math.isfinite(float(value)):
-                ok = float(value) > low if strict else float(value) >= low
-            else:
-                ok = False
-            if not ok:
-                rel = ">" if strict else ">="
-                problems.append(f"'{key}' must be a finite number {rel} {low}, got {value!r}")
-                return default
-            return float(value)
-
-        def flag(key: str, default: bool) -> bool:
-            value = merged.get(key, default)
-            if not isinstance(value, bool):
-                problems.append(f"'{key}' must be true or false, got {value!r}")
-                return default
-            return value
-
-        seed = integer("seed", 0, 0)
-        workers = integer("workers", 1, 1)
-        micro = integer("micro_batch", None, 1)
-        eval_bs = integer("eval_batch_size", 1024, 1)
-        cpus = number("cpus_per_worker", 1.0, 0.0, strict=True)
-        gpus = number("gpus_per_worker", 0.0, 0.0)
-        ema = number("noise_scale_ema", 0.9, 0.0)
-        if ema >= 1.0:
-            problems.append(f"'noise_scale_ema' must be in [0, 1), got {ema}")
-        timeout = number("collective_timeout_s", 1800.0, 0.0, strict=True)
-        slowdown: dict[int, float] = {}
-        raw_slow = merged.get("slowdown") or {}
-        if not isinstance(raw_slow, Mapping):
-            problems.append(f"'slowdown' must map ranks to factors >= 1, got {raw_slow!r}")
-        else:
-            for key, factor in raw_slow.items():
-                try:
-                    rank = int(key)
-                except (TypeError, ValueError):
-                    problems.append(f"'slowdown' key {key!r} is not a rank")
-                    continue
-                if (
-                    isinstance(factor, bool)
-                    or not isinstance(factor, (int, float))
-                    or not math.isfinite(float(factor))
-                    or float(factor) < 1.0
-                ):
-                    problems.append(
-                        f"'slowdown' factor of rank {rank} must be >= 1, got {factor!r}"
-                    )
-                    continue
-                if workers is not None and not 0 <= rank < workers:
-                    problems.append(
-                        f"'slowdown' names rank {rank}, but there are {workers} workers"
-                    )
-                    continue
-                slowdown[rank] = float(factor)
-        probe_at: list[int] = []
-        raw_probe = merged.get("probe_at") or ()
-        if not isinstance(raw_probe, (list, tuple)):
-            problems.append(f"'probe_at' must be a list of epoch counts >= 1, got {raw_probe!r}")
-        else:
-            for value in raw_probe:
-                if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                    problems.append(f"'probe_at' entries must be integers >= 1, got {value!r}")
-                else:
-                    probe_at.append(int(value))
-        fraction = number("probe_fraction", 0.2, 0.0, strict=True)
-        if fraction > 1.0:
-            problems.append(f"'probe_fraction' must be in (0, 1], got {fraction}")
-        performance_aware = flag("performance_aware", False)
-        drop_last = flag("drop_last", True)
-        amp = flag("amp", True)
-        compile_model = flag("compile", False)
-        if problems or schedule is None:
-            raise ValidationError("invalid trial config: " + "; ".join(problems))
-        return cls(
-            schedule=schedule,
-            task=str(task),
-            task_options=dict(options),
-            seed=int(seed or 0),
-            workers=int(workers or 1),
-            cpus_per_worker=cpus,
-            gpus_per_worker=gpus,
-            micro_batch=micro,
-            performance_aware=performance_aware,
-            drop_last=drop_last,
-            slowdown=slowdown,
-            eval_batch_size=int(eval_bs or 1024),
-            noise_scale_ema=ema,
-            amp=amp,
-            collective_timeout_s=timeout,
-            probe_at=tuple(sorted(set(probe_at))),
-            probe_fraction=fraction,
-            compile=compile_model,
-        )
 
 
 def _to_cpu(value: Any) -> Any:
@@ -372,7 +190,7 @@ class TrialWorker:
         self.device = torch.device(context.device)
         for task in tasks:
             register_task(task, replace=True)
-        self._spec: TrialSpec | None = None
+        self._spec: TrialConfig | None = None
         self._device_data: tuple[int, TaskData] | None = None  # (id of the CPU data, on device)
 
     # ------------------------------------------------------------------ trial set-up
@@ -380,7 +198,7 @@ class TrialWorker:
     def configure(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Start a trial: data (cached), model, optimizer and RNGs from the trial's seed."""
         started = time.perf_counter()
-        spec = TrialSpec.from_config(config)
+        spec = TrialConfig.from_config(config)
         if spec.workers != self.world_size:
             raise ValidationError(
                 f"the trial wants {spec.workers} workers but this gang has {self.world_size}"
@@ -473,7 +291,7 @@ class TrialWorker:
         self._device_data = (id(cpu), moved)
         return moved
 
-    def _require(self) -> TrialSpec:
+    def _require(self) -> TrialConfig:
         if self._spec is None:
             raise StagetuneError("no trial is configured on this worker; call configure() first")
         return self._spec

@@ -123,8 +123,8 @@ def replay_config(
     cpus_per_worker: float = 1.0,
     gpus_per_worker: float = 0.0,
 ) -> tuple[dict[str, Any], list[str]]:
-    """The trial config (:class:`workers.loop.TrialSpec` keys) of a replay, and notes on what
-    differs from the recorded trial. Unset arguments default to the provenance."""
+    """The trial config (:class:`tuner.trial_config.TrialConfig` keys) of a replay, and notes
+    on what differs from the recorded trial. Unset arguments default to the provenance."""
     prov = _provenance(schedule)
     notes: list[str] = []
     recorded_task = prov.get("task") if isinstance(prov.get("task"), str) else None

@@ -47,8 +47,9 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from tuner.errors import StagetuneError, ValidationError
 from tuner.prefixes import PrefixStore, boundaries, prefix_key
+from tuner.trial_config import TrialConfig, TrialResources
 from workers.gang import Gang, GangError
-from workers.loop import TrialSpec, TrialWorker
+from workers.loop import TrialWorker
 from workers.tasks import Task
 
 __all__ = ["EXTRA_KEYS", "METRIC_KEYS", "PROBE_KEYS", "ScheduleTrainable", "resource_request"]
@@ -100,22 +101,8 @@ PROBE_KEYS: tuple[str, ...] = (
 
 
 def _resources(config: Mapping[str, Any]) -> tuple[int, float, float]:
-    merged: dict[str, Any] = {}
-    resources = config.get("resources")
-    if isinstance(resources, Mapping):
-        merged.update(resources)
-    merged.update(config)
-    workers = merged.get("workers", 1)
-    cpus = merged.get("cpus_per_worker", 1.0)
-    gpus = merged.get("gpus_per_worker", 0.0)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValidationError(f"'workers' must be an integer >= 1, got {workers!r}")
-    for key, value in (("cpus_per_worker", cpus), ("gpus_per_worker", gpus)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValidationError(f"'{key}' must be a number >= 0, got {value!r}")
-    if cpus <= 0:
-        raise ValidationError(f"'cpus_per_worker' must be > 0, got {cpus!r}")
-    return int(workers), float(cpus), float(gpus)
+    res = TrialResources.from_config(config)
+    return res.workers, res.cpus_per_worker, res.gpus_per_worker
 
 
 def resource_request(config: Mapping[str, Any]) -> PlacementGroupFactory:
@@ -130,7 +117,8 @@ def resource_request(config: Mapping[str, Any]) -> PlacementGroupFactory:
 
 
 class ScheduleTrainable(tune.Trainable):
-    """Trains one schedule; ``step()`` = one epoch. Config keys: see :class:`TrialSpec`."""
+    """Trains one schedule; ``step()`` = one epoch. Config keys: see
+    :class:`tuner.trial_config.TrialConfig`."""
 
     #: Tasks to register in the worker processes (tests, notebooks); subclasses set this.
     extra_tasks: ClassVar[tuple[Task, ...]] = ()
@@ -170,7 +158,7 @@ class ScheduleTrainable(tune.Trainable):
 
     def _start_trial(self, config: Mapping[str, Any]) -> None:
         started = time.perf_counter()
-        spec = TrialSpec.from_config(config)
+        spec = TrialConfig.from_config(config)
         self._spec = spec
         self._epoch = 0
         self._finished = False
@@ -202,7 +190,7 @@ class ScheduleTrainable(tune.Trainable):
             self._fork(store)
         self.setup_time_s = time.perf_counter() - started
 
-    def _new_gang(self, spec: TrialSpec) -> Gang:
+    def _new_gang(self, spec: TrialConfig) -> Gang:
         import ray
 
         pg = None

@@ -25,7 +25,8 @@ from torch.nn import functional as F  # noqa: N812
 
 from tuner.errors import ValidationError
 from tuner.schedule import Schedule, Stage, place_batch
-from workers.loop import LARS, TrialOOMError, TrialSpec
+from workers.gang import WorkerContext
+from workers.loop import LARS, TrialOOMError, TrialWorker
 from workers.noise_scale import NoiseScaleEstimator, unbiased_estimates
 from workers.tasks import BaseTask, TaskData, TaskOptions, get_task
 from workers.trainable import METRIC_KEYS, ScheduleTrainable
@@ -236,40 +237,20 @@ def check_metrics(results: list[dict[str, Any]], schedule: Schedule, num_train: 
 # pure parts: config parsing, the noise-scale estimator
 
 
-def test_trial_spec_defaults_and_errors() -> None:
+def test_configure_reads_the_typed_trial_config() -> None:
+    """The worker parses its config with tuner.trial_config.TrialConfig (its rules are tested
+    in tests/tuner/test_trial_config.py): a bad key is refused before any data loads."""
     schedule = Schedule.constant(32, 3, 0.1)
-    spec = TrialSpec.from_config({"schedule": schedule.to_dict(), "task": "digits"})
-    assert spec.schedule == schedule
-    assert (spec.workers, spec.cpus_per_worker, spec.gpus_per_worker) == (1, 1.0, 0.0)
-    assert spec.micro_batch is None
-    assert spec.performance_aware is False
-    assert spec.drop_last
-    assert spec.compile is False
-    compiled = TrialSpec.from_config(
-        {"schedule": schedule.to_dict(), "task": "digits", "compile": True}
-    )
-    assert compiled.compile is True
-    nested = TrialSpec.from_config(
-        {"schedule": schedule.to_dict(), "task": "digits", "resources": {"workers": 2}}
-    )
-    assert nested.workers == 2
-    with pytest.raises(ValidationError) as info:
-        TrialSpec.from_config(
-            {
-                "schedule": schedule.to_dict(),
-                "task": "",
-                "workers": 0,
-                "slowdown": {"5": 2.0},
-                "compile": "yes",
-                "amp": 1,
-            }
+    worker = TrialWorker(WorkerContext(0, 1, "cpu", "gloo", 1.0))
+    info = worker.configure({"schedule": schedule.to_dict(), "task": "digits", "compile": False})
+    assert info["compile"] is False
+    with pytest.raises(ValidationError) as raised:
+        worker.configure(
+            {"schedule": schedule.to_dict(), "task": "digits", "compile": "yes", "amp": 1}
         )
-    message = str(info.value)
+    message = str(raised.value)
     assert "'compile' must be true or false, got 'yes'" in message
     assert "'amp' must be true or false, got 1" in message
-    assert "'task'" in message
-    assert "'workers'" in message
-    assert "slowdown" in message
 
 
 def test_noise_scale_estimator_recovers_known_noise_scale() -> None:
