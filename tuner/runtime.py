@@ -54,6 +54,7 @@ from torch.utils.data import Sampler
 from tuner.errors import ValidationError
 from tuner.retarget import RetargetedSchedule, retarget
 from tuner.schedule import BatchPlacement, Schedule
+from tuner.step_plan import PlannedStep, epoch_order, epoch_steps, rank_micro_slices, split_step
 
 __all__ = [
     "EpochPlan",
@@ -133,7 +134,9 @@ class ScheduleRuntime:
     ``micro_batch``: the most samples one worker processes per forward/backward pass (None:
     the whole local batch in one pass). ``drop_last``: like ``DataLoader``, an epoch at batch
     ``b`` has ``N // b`` steps; with False ``ceil(N / b)``, the last one smaller. ``seed``: the
-    epoch permutations are ``randperm(N)`` seeded with ``seed + epoch`` on every rank.
+    epoch orders are :func:`tuner.step_plan.epoch_order` of ``(seed, epoch)`` on every rank;
+    with the trial's seed (the schedule's provenance) and the same dataset, every step's LR,
+    batch and samples are exactly the tuning trial's.
     ``speed_weights``: relative worker throughputs for an uneven split of each global batch.
 
     Raises ValidationError (a PlacementError naming every stage) if the schedule cannot be
@@ -166,6 +169,7 @@ class ScheduleRuntime:
         self.micro_batch = micro_batch
         self.drop_last = drop_last
         self.seed = int(seed)
+        self.speed_weights = tuple(float(w) for w in speed_weights) if speed_weights else None
         self.placed: RetargetedSchedule = retarget(
             self.schedule, world_size, micro_batch, speed_weights
         )
@@ -255,53 +259,55 @@ class ScheduleRuntime:
             steps=self.steps_in_epoch(epoch),
         )
 
-    def _step_size(self, epoch: int, k: int) -> int:
-        batch = self.global_batch(epoch)
-        return min(batch, self.dataset_size - k * batch)
+    def _planned(self, epoch: int, start_step: int) -> Iterator[tuple[PlannedStep, BatchPlacement]]:
+        """The step plan's steps of ``epoch`` (:mod:`tuner.step_plan`, the trial loop's too)
+        with their split over the workers."""
+        self._check_epoch(epoch)
+        for step in epoch_steps(
+            self.schedule,
+            self.dataset_size,
+            epoch,
+            drop_last=self.drop_last,
+            start_step=start_step,
+            first_global_step=self._epoch_start_step[epoch],
+        ):
+            # The constructor placed every stage (and partial step) through retarget, so
+            # split_step cannot fail here; its split is the trial loop's.
+            yield (
+                step,
+                split_step(
+                    step.global_batch, self.world_size, self.micro_batch, self.speed_weights
+                ),
+            )
 
     def steps(self, epoch: int, start_step: int = 0) -> Iterator[StepPlan]:
         """This rank's optimizer steps of ``epoch`` from ``start_step`` on, in order."""
-        stage = self.stage_index(epoch)
-        spe = self._stage_steps[stage]
-        if not 0 <= start_step <= spe:
-            raise ValidationError(f"start_step must be in [0, {spe}], got {start_step!r}")
-        for k in range(start_step, spe):
-            size = self._step_size(epoch, k)
-            p = self.placed.step_placement(size, stage)
+        for step, p in self._planned(epoch, start_step):
             yield StepPlan(
-                global_step=self._epoch_start_step[epoch] + k,
+                global_step=step.global_step,
                 epoch=epoch,
-                step_in_epoch=k,
-                stage_index=stage,
-                global_batch=size,
-                lr=self.schedule.lr_at(epoch + k / spe),
+                step_in_epoch=step.step_in_epoch,
+                stage_index=step.stage_index,
+                global_batch=step.global_batch,
+                lr=step.lr,
                 local_batch=p.local_batches[self.rank],
                 micro_batches=p.micro_batches[self.rank],
-                loss_weight=self.world_size / size,
+                loss_weight=self.world_size / step.global_batch,
             )
 
     def permutation(self, epoch: int) -> torch.Tensor:
-        """The epoch's sample order, identical on every rank (``randperm`` seeded
-        ``seed + epoch``)."""
+        """The epoch's sample order, identical on every rank and the trial loop's
+        (:func:`tuner.step_plan.epoch_order` of ``(seed, epoch)``)."""
         self._check_epoch(epoch)
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + epoch)
-        return torch.randperm(self.dataset_size, generator=generator)
+        return torch.from_numpy(epoch_order(self.seed, epoch, self.dataset_size))
 
     def micro_batch_indices(self, epoch: int, start_step: int = 0) -> Iterator[list[int]]:
         """This rank's index lists of ``epoch``, one per non-empty micro-batch, in order."""
-        stage = self.stage_index(epoch)
-        spe = self._stage_steps[stage]
-        batch = self.global_batch(epoch)
-        order = self.permutation(epoch).tolist()
-        for k in range(start_step, spe):
-            size = self._step_size(epoch, k)
-            p = self.placed.step_placement(size, stage)
-            offset = k * batch + sum(p.local_batches[: self.rank])
-            for m in p.micro_batches[self.rank]:
-                if m:
-                    yield order[offset : offset + m]
-                    offset += m
+        order = epoch_order(self.seed, self._check_epoch(epoch), self.dataset_size).tolist()
+        for step, p in self._planned(epoch, start_step):
+            for offset, size in rank_micro_slices(p, self.rank):
+                if size:
+                    yield order[step.start + offset : step.start + offset + size]
 
     def batch_sampler(self, epoch: int = 0, start_step: int = 0) -> ScheduleBatchSampler:
         """A batch sampler for ``DataLoader(batch_sampler=...)``; call ``set_epoch`` per epoch."""

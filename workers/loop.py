@@ -9,12 +9,13 @@ How one epoch runs, on every rank:
 
 * The epoch's stage gives the global batch ``B``; the epoch has
   ``Schedule.steps_per_epoch(stage, N, drop_last)`` optimizer steps.
-* Every rank draws the same permutation of the ``N`` training indices from
-  ``(trial seed, epoch)``. Optimizer step ``k`` uses the global batch
-  ``perm[k*B:(k+1)*B]``; rank ``r`` takes its contiguous slice, of length
-  ``local_batches[r]`` from :func:`tuner.schedule.place_batch` (equal shares, or shares
-  proportional to measured throughput with ``performance_aware``), and runs it as
-  ``accumulation_steps`` micro-batches of at most ``micro_batch`` samples.
+* The steps, their LRs and samples are the step plan's (:mod:`tuner.step_plan`, which the
+  production runtime :mod:`tuner.runtime` iterates too). Every rank has the same order of the
+  ``N`` training indices, :func:`~tuner.step_plan.epoch_order` of ``(trial seed, epoch)``.
+  Optimizer step ``k`` uses the global batch ``order[k*B:(k+1)*B]``; rank ``r`` takes its
+  contiguous slice, of length ``local_batches[r]`` from :func:`~tuner.step_plan.split_step`
+  (equal shares, or shares proportional to measured throughput with ``performance_aware``),
+  and runs it as ``accumulation_steps`` micro-batches of at most ``micro_batch`` samples.
 * The loss of a micro-batch is the *sum* of its per-sample losses divided by ``B``; gradients
   accumulate in one flat buffer (the parameters' ``.grad`` are views of it) that is
   all-reduced with SUM once per step, so whatever the split the synchronized gradient is
@@ -56,6 +57,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from tuner.errors import StagetuneError, ValidationError
 from tuner.schedule import BatchPlacement, PlacementError, Schedule, place, place_batch
+from tuner.step_plan import epoch_order, epoch_steps, split_step
 from tuner.trial_config import TrialConfig
 from workers.gang import WorkerContext
 from workers.noise_scale import NoiseScaleEstimator
@@ -312,7 +314,9 @@ class TrialWorker:
         stage_index = schedule.stage_index_at(epoch)
         batch = schedule.stages[stage_index].batch_size
         n = self._data.num_train
-        steps = schedule.steps_per_epoch(stage_index, n, drop_last=spec.drop_last)
+        # The step plan (tuner.step_plan) the production runtime iterates too: each step's
+        # LR, global batch and slice of the epoch's sample order.
+        plan = list(epoch_steps(schedule, n, epoch, drop_last=spec.drop_last))
         perm = self._permutation(epoch)
         weights = self._exchange_speed() if spec.performance_aware and self.world_size > 1 else None
         compute_s = 0.0
@@ -322,12 +326,12 @@ class TrialWorker:
         epoch_samples = 0
         last_lr = schedule.lr_at(float(epoch))
         k = 0
-        while k < steps:
-            lo = k * batch
-            idx = perm[lo : min(lo + batch, n)]
-            b = int(idx.numel())
+        while k < len(plan):
+            step = plan[k]
+            idx = perm[step.start : step.stop]
+            b = step.global_batch
             placement = self._placement(b, weights)
-            lr = schedule.lr_at(epoch + k / steps)
+            lr = step.lr
             outcome = self._train_step(idx, placement, lr)
             compute_s += self._last_compute_s
             if outcome.oom:
@@ -392,26 +396,16 @@ class TrialWorker:
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         spec = self._require()
-        generator = torch.Generator().manual_seed(_seed(spec.seed, 0, epoch))
-        perm = torch.randperm(self._data.num_train, generator=generator)
-        return perm.to(self.device)
+        order = epoch_order(spec.seed, epoch, self._data.num_train)
+        return torch.from_numpy(order).to(self.device)
 
     def _placement(self, batch: int, weights: tuple[float, ...] | None) -> BatchPlacement:
         key = (batch, self._micro_batch, weights)
         cached = self._placements.get(key)
-        if cached is not None:
-            return cached
-        placement: BatchPlacement | None = None
-        if weights is not None:
-            try:
-                placement = place_batch(batch, self.world_size, self._micro_batch, weights)
-            except PlacementError:
-                placement = None  # a share would be empty: fall back to the even split
-        if placement is None:
-            even = None if batch % self.world_size == 0 else (1.0,) * self.world_size
-            placement = place_batch(batch, self.world_size, self._micro_batch, even)
-        self._placements[key] = placement
-        return placement
+        if cached is None:
+            cached = split_step(batch, self.world_size, self._micro_batch, weights)
+            self._placements[key] = cached
+        return cached
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         spec = self._require()
@@ -543,13 +537,7 @@ class TrialWorker:
             )
         new = max(1, current // 2)
         try:
-            even = placement.global_batch % self.world_size == 0
-            place_batch(
-                placement.global_batch,
-                self.world_size,
-                new,
-                None if even else (1.0,) * self.world_size,
-            )
+            split_step(placement.global_batch, self.world_size, new)
         except PlacementError as exc:
             raise TrialOOMError(
                 f"out of memory at global batch {placement.global_batch} (stage "
