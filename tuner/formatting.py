@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["format_duration"]
+__all__ = ["format_bytes", "format_duration"]
 
 
 def format_duration(seconds: float | None) -> str:
@@ -34,3 +34,18 @@ def format_duration(seconds: float | None) -> str:
     if minutes:
         return f"{minutes}m {secs:02d}s"
     return f"{secs}s"
+
+
+def format_bytes(size: float | None) -> str:
+    """``"512 B"``, ``"3.4 MB"``, ``"1.2 GB"`` (powers of 1,024, like the spec's
+    ``prefix_store_mb``); an em dash for unknown."""
+    if size is None or not math.isfinite(size) or size < 0:
+        return "—"
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            break
+        value /= 1024
+    if unit == "B":
+        return f"{int(value)} B"
+    return f"{value:,.1f} {unit}" if value < 100 else f"{value:,.0f} {unit}"

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from tuner.formatting import format_bytes
 from tuner.spec import (
     AccuracyObjective,
     ParetoObjective,
@@ -474,8 +475,17 @@ def search_text(summary: Mapping[str, Any]) -> str:
     prefixes = summary.get("prefixes")
     if isinstance(prefixes, Mapping):
         forks, reused = int(prefixes.get("forks") or 0), int(prefixes.get("epochs_reused") or 0)
-        parts.append(
+        text = (
             f"{forks} trial{'s' if forks != 1 else ''} forked from shared prefixes, "
             f"{reused} epoch{'s' if reused != 1 else ''} not trained again"
         )
+        states, size = int(prefixes.get("states") or 0), prefixes.get("bytes")
+        if states and isinstance(size, int | float):
+            cap = prefixes.get("max_bytes")
+            text += (
+                f" (boundary states: {states}, {format_bytes(size)} on disk"
+                + (f", cap {format_bytes(cap)}" if isinstance(cap, int | float) else "")
+                + ")"
+            )
+        parts.append(text)
     return "; ".join(parts)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from tuner.formatting import format_bytes
 from tuner.objectives import (
     StudyObjective,
     TrialOutcome,
     pareto_front,
+    search_text,
     select_best,
     summarize,
     trial_status,
@@ -201,3 +203,35 @@ def test_summary_compares_the_best_with_each_baseline() -> None:
     assert small["steps_ratio"] == pytest.approx(0.25)
     assert by_name["large_batch"]["mean_batch_size"] == 64
     assert "tuned trial 3" in summary["note"]
+
+
+def test_search_text_shows_the_disk_the_boundary_states_took() -> None:
+    """A study's checkpoint disk use is shown where its search is described (CLI, dashboard):
+    the boundary states left at the end, their size and the spec's cap."""
+    summary = {
+        "search_compute_epochs": 40.0,
+        "compute_epochs": 40.0,
+        "prefixes": {
+            "states": 12,
+            "bytes": 3_565_158,
+            "max_bytes": 2048 * 2**20,
+            "forks": 3,
+            "epochs_reused": 9,
+        },
+    }
+    assert search_text(summary) == (
+        "search: 40.0 trial-epochs trained; 3 trials forked from shared prefixes, 9 epochs "
+        "not trained again (boundary states: 12, 3.4 MB on disk, cap 2.0 GB)"
+    )
+    summary["prefixes"] = {"states": 0, "bytes": 0, "forks": 0, "epochs_reused": 0}
+    assert search_text(summary).endswith(
+        "0 trials forked from shared prefixes, 0 epochs not trained again"
+    )
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [(0, "0 B"), (1000, "1000 B"), (2048, "2.0 KB"), (150 * 2**20, "150 MB"), (None, "—")],
+)
+def test_sizes_read_in_powers_of_1024(size: float | None, text: str) -> None:
+    assert format_bytes(size) == text
