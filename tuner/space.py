@@ -13,7 +13,9 @@ checked and rejected afterwards:
   each later stage from ``[previous e, max]`` (non-decreasing by construction); with
   ``allow_decreasing_batch`` each stage draws from the whole range.
 * **LR multipliers** are log-uniform in ``[min, max]``; 1 is the LR the scaling rule gives
-  for the stage's batch size (the prior), so the range is centred on it in log space.
+  for the stage's batch size (the prior), so the range is centred on it in log space. A bound
+  the spec leaves at its default is widened so that both the linear and the square-root
+  rule's LR at the largest batch are inside (:func:`lr_multiplier_range`).
 * **Warm-up** epochs are uniform in ``[min, max]``, clipped to the stage's length.
 
 Parameter names (as Optuna and optuna-dashboard show them): ``n_stages``, ``share_<i>``,
@@ -29,7 +31,13 @@ from typing import Any, Literal, Protocol, cast
 
 from tuner.errors import ValidationError
 from tuner.schedule import PlacementHint, Schedule, Stage
-from tuner.spec import AccuracyObjective, ResolvedSpec, StageDecay, min_stage_epochs
+from tuner.spec import (
+    AccuracyObjective,
+    LrMultiplierRange,
+    ResolvedSpec,
+    StageDecay,
+    min_stage_epochs,
+)
 
 __all__ = [
     "ScheduleSpace",
@@ -37,6 +45,7 @@ __all__ = [
     "check_feasible",
     "constraint_violations",
     "lr_multiplier_grid",
+    "lr_multiplier_range",
     "warmup_grid",
 ]
 
@@ -108,6 +117,11 @@ class ScheduleSpace:
                 f"{resolved.batch_max}] is a multiple of workers x micro_batch = {unit}; "
                 f"widen space.batch_size (e.g. max: {max(unit, 1 << lo_exp)})"
             )
+        mult_low, mult_high = lr_multiplier_range(
+            space.lr_multiplier,
+            spec.schedule.scaling_rule,
+            (1 << hi_exp) / resolved.base_batch_size,
+        )
         return cls(
             total_epochs=epochs,
             base_lr=resolved.base_lr,
@@ -121,8 +135,8 @@ class ScheduleSpace:
             min_stage_epochs=min_len,
             batch_exp_min=lo_exp,
             batch_exp_max=hi_exp,
-            lr_mult_min=space.lr_multiplier.min,
-            lr_mult_max=space.lr_multiplier.max,
+            lr_mult_min=mult_low,
+            lr_mult_max=mult_high,
             warmup_min=space.warmup_epochs.min,
             warmup_max=space.warmup_epochs.max,
             label_smoothing=tuple(space.label_smoothing),
@@ -294,6 +308,30 @@ class ScheduleSpace:
     @staticmethod
     def _suggest_int(trial: SuggestTrial, name: str, low: int, high: int) -> int:
         return low if low == high else int(trial.suggest_int(name, low, high))
+
+
+def lr_multiplier_range(
+    given: LrMultiplierRange, scaling_rule: str, largest_ratio: float
+) -> tuple[float, float]:
+    """The LR multipliers the search draws from: ``space.lr_multiplier``, where a bound the
+    spec leaves at its default is widened so that the linear and the square-root scaling
+    rules' LRs at the space's largest batch are both inside the range.
+
+    Neither rule holds across a wide batch range: linear scaling is right while the batch is
+    small against the task's critical batch and overshoots beyond it (on ``mnist1d`` batch
+    1,024 from base 32, Goyal's linear LR diverges on some seeds where the square-root LR,
+    a multiplier of 0.18 under the linear rule, trains stably). A range centred on one rule
+    with fixed factors of 4 cannot reach the other one's LR at a 32x batch, so the search
+    could not even find the better recipe. ``largest_ratio``: largest batch / base batch."""
+    low, high = given.min, given.max
+    if largest_ratio > 1:
+        if scaling_rule == "linear" and "min" not in given.model_fields_set:
+            low *= largest_ratio**-0.5  # the square-root rule's LR at the largest batch
+        elif scaling_rule == "sqrt" and "max" not in given.model_fields_set:
+            high *= largest_ratio**0.5  # the linear rule's
+        elif scaling_rule == "none" and "max" not in given.model_fields_set:
+            high *= largest_ratio  # the linear rule's (the square root's is between)
+    return float(f"{low:.2g}"), float(f"{high:.2g}")
 
 
 def lr_multiplier_grid(value: float, low: float, high: float) -> float:

@@ -180,7 +180,9 @@ class BatchSizeRange(_Model):
 
 
 class LrMultiplierRange(_Model):
-    """A log range around 1, where 1 is the LR the scaling rule gives for the stage's batch."""
+    """A log range around 1, where 1 is the LR the scaling rule gives for the stage's batch.
+    A bound left at its default is widened so that both the linear and the square-root rule's
+    LR at the largest batch are in the range (``tuner.space.lr_multiplier_range``)."""
 
     min: float = Field(default=0.25, gt=0, le=1, allow_inf_nan=False)
     max: float = Field(default=4.0, ge=1, le=1000, allow_inf_nan=False)

@@ -194,3 +194,34 @@ def test_check_feasible_rejects_constraints_no_schedule_can_meet() -> None:
     check_feasible(space, spec.objective, 2560)  # 10 x 10 = 100 steps: feasible
     with pytest.raises(ValidationError, match="exceeds the task's 200 training samples"):
         check_feasible(space, spec.objective, 200)
+
+
+def test_the_default_lr_range_reaches_both_scaling_rules_at_the_largest_batch() -> None:
+    """Batch 32 to 1,024 under linear scaling: the square-root rule's LR at 1,024 (a multiplier
+    of sqrt(32/1024) = 0.18) is inside the drawn range, and the search draws it."""
+    space = space_of("task: mnist1d\nspace: {batch_size: {max: 1024}}")
+    assert (space.lr_mult_min, space.lr_mult_max) == (0.044, 4.0)
+    sqrt_mult = math.sqrt(32 / 1024)
+    assert space.lr_mult_min < sqrt_mult
+    drawn = [s for s, _ in draw(space, 300)]
+    assert any(st.lr_multiplier < sqrt_mult for s in drawn for st in s.stages)
+    # Up to the base batch nothing changes; under the square-root rule the top is widened to
+    # the linear rule's LR, under no scaling too (the square root lies between).
+    assert (space_of("task: mnist1d\nspace: {batch_size: {max: 32}}").lr_mult_min) == 0.25
+    sqrt = space_of(
+        "task: mnist1d\nschedule: {scaling_rule: sqrt}\nspace: {batch_size: {max: 512}}"
+    )
+    assert (sqrt.lr_mult_min, sqrt.lr_mult_max) == (0.25, 16.0)
+    none = space_of(
+        "task: mnist1d\nschedule: {scaling_rule: none}\nspace: {batch_size: {max: 512}}"
+    )
+    assert (none.lr_mult_min, none.lr_mult_max) == (0.25, 64.0)
+
+
+def test_an_lr_range_the_spec_sets_is_the_range_searched() -> None:
+    space = space_of(
+        "task: mnist1d\nspace: {batch_size: {max: 1024}, lr_multiplier: {min: 0.5, max: 2}}"
+    )
+    assert (space.lr_mult_min, space.lr_mult_max) == (0.5, 2.0)
+    partly = space_of("task: mnist1d\nspace: {batch_size: {max: 1024}, lr_multiplier: {max: 2}}")
+    assert (partly.lr_mult_min, partly.lr_mult_max) == (0.044, 2.0)
