@@ -220,3 +220,32 @@ def test_gpu_throughput_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert saved["summary_line"] == _last_line(
         (tmp_path / "gpu_throughput_smoke.md").read_text().replace("```", "").strip()
     )
+
+
+def test_loop_throughput_smoke(
+    ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bench/loop_throughput.py --smoke``: the trial loop against the plain loop on one
+    worker (and its LR / noise-scale variants), and a gang of 2 against plain DDP in 2
+    processes; ratios are what the rows say."""
+    module = _load("loop_throughput")
+    data = module.main(["--smoke", "--results-dir", str(tmp_path)])
+    fields = _fields(_last_line(capsys.readouterr().out), "loop_throughput")
+    assert set(fields) == {
+        "task",
+        "ratio_1w_at_64",
+        "ratio_2w_at_64",
+        "noise_cost_pct",
+        "lr_cost_pct",
+    }
+    assert [r["batch"] for r in data["rows"]] == [32, 64]
+    for row in data["rows"]:
+        for key in ("loop_1w", "plain", "plain_lr", "plain_noise", "loop_2w", "ddp_2w"):
+            assert row[key] > 0, key
+        assert row["ratio_1w"] == pytest.approx(row["loop_1w"] / row["plain"])
+        assert row["ratio_2w"] == pytest.approx(row["loop_2w"] / row["ddp_2w"])
+    assert float(fields["ratio_1w_at_64"]) == pytest.approx(data["rows"][-1]["ratio_1w"], abs=0.006)
+    saved = json.loads((tmp_path / "loop_throughput_smoke.json").read_text())
+    assert saved["summary_line"] == _last_line(
+        (tmp_path / "loop_throughput_smoke.md").read_text().replace("```", "").strip()
+    )
