@@ -361,6 +361,19 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", "utf-8")
 
 
+def publish(
+    results_dir: Path, stem: str, data: dict[str, Any], markdown: Callable[[dict[str, Any]], str]
+) -> dict[str, Any]:
+    """Write ``<stem>.json`` and ``<stem>.md`` under ``results_dir``, print the markdown and
+    then the summary line (``data["summary_line"]``, the last line a benchmark prints)."""
+    write_json(results_dir / f"{stem}.json", data)
+    text = markdown(data)
+    (results_dir / f"{stem}.md").write_text(text, "utf-8")
+    print(text)
+    print(data["summary_line"], flush=True)
+    return data
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = [
         "| " + " | ".join(headers) + " |",

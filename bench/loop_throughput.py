@@ -48,7 +48,7 @@ for _path in (str(_HERE.parent), str(_HERE)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from common import RESULTS_DIR, machine_info, markdown_table, write_json  # noqa: E402
+from common import RESULTS_DIR, machine_info, markdown_table, publish  # noqa: E402
 from plain_ddp import plain_ddp, plain_setup  # noqa: E402
 
 TARGET = 0.9
@@ -265,12 +265,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "wall_time_s": time.perf_counter() - started,
         "summary_line": line,
     }
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    write_json(args.results_dir / f"{stem}.json", data)
-    (args.results_dir / f"{stem}.md").write_text(_markdown(data), "utf-8")
-    print(_markdown(data))
-    print(line, flush=True)
-    return data
+    return publish(args.results_dir, stem, data, _markdown)
 
 
 if __name__ == "__main__":

@@ -28,15 +28,16 @@ Writes ``schedule_quality[_smoke].{json,md,png}`` to ``--results-dir`` (default
 
 (accuracies in percent on the test split, means over the seeds; ``best_baseline`` is the most
 accurate recipe other than ``small_batch``; ``large_batch_gap`` is the small batch's accuracy
-minus Goyal's large batch's, in points: the penalty a schedule can win back). With ``--budgets recipes`` (the default) one
-more study runs under each recipe's own step count (``tuned@<steps>``), so the result is a
-front of tuned schedules: ``dominated`` counts the recipes for which some tuned schedule has
-at least their test accuracy (within one std of their mean) at no more steps, and
+minus Goyal's large batch's, in points: the penalty a schedule can win back). With
+``--budgets recipes`` (the default) one more study runs under each recipe's own step count
+(``tuned@<steps>``), so the result is a front of tuned schedules: ``dominated`` counts the
+recipes for which some tuned schedule has at least their test accuracy (within one std of
+their mean) at no more steps, and
 ``steps_ratio_at_small_acc`` is the small batch's steps over those of the cheapest tuned
 schedule within the small batch's spread (``none``: no such schedule). ``tuned_*`` is the
 ``--steps-fraction`` study's.
 
-    .venv/bin/python bench/schedule_quality.py                      # mnist1d, 30 epochs, 3 seeds
+    .venv/bin/python bench/schedule_quality.py       # mnist1d, 30 epochs, batch 32-1024, 3 seeds
     .venv/bin/python bench/schedule_quality.py --tuned-yaml best.yaml
     .venv/bin/python bench/schedule_quality.py --smoke --results-dir /tmp/q
 """
@@ -67,6 +68,7 @@ from common import (  # noqa: E402
     machine_info,
     markdown_table,
     mean_std,
+    publish,
     retrain_many,
     run_tuning_study,
     write_json,
@@ -322,7 +324,7 @@ def _dominance(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def _gap(rows: dict[str, dict[str, Any]]) -> float:
     """The task's large-batch penalty in points: the small batch's mean test accuracy minus
     Goyal's linear-scaling large batch's (what a search over this batch range can win back)."""
-    return 100 * (rows["small_batch"]["test_acc_mean"] - rows["large_linear"]["test_acc_mean"])
+    return 100 * float(rows["small_batch"]["test_acc_mean"] - rows["large_linear"]["test_acc_mean"])
 
 
 def _targets(rows: dict[str, dict[str, Any]], ratio_goal: float) -> dict[str, Any]:
@@ -601,11 +603,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"large_batch_gap={_gap(by_label):.2f}"
     )
     data["summary_line"] = line
-    write_json(args.results_dir / f"{stem}.json", data)
-    (args.results_dir / f"{stem}.md").write_text(_markdown(data), "utf-8")
-    print(_markdown(data))
-    print(line, flush=True)
-    return data
+    return publish(args.results_dir, stem, data, _markdown)
 
 
 if __name__ == "__main__":
