@@ -36,7 +36,6 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
-from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from api import dashboard_data as dd
@@ -47,7 +46,6 @@ from api.routes.params import StudyId, TrialNumber
 from tuner import __version__
 from tuner.errors import NotFoundError
 from tuner.store import MAX_PAGE_SIZE, StudyStore, TrialRecord
-from tuner.store.models import TrialMetricRow, TrialRow
 
 __all__ = ["DATA_PREFIX", "STATIC_PREFIX", "router"]
 
@@ -236,60 +234,13 @@ def _all_trials(store: StudyStore, study_id: int) -> list[TrialRecord]:
             return trials
 
 
-def read_curves(store: StudyStore, study_id: int) -> dict[int, list[tuple[int, float | None]]]:
-    """Every trial's validation accuracy per epoch, by trial number, in one query.
-
-    :meth:`StudyStore.study_metrics` answers the same but builds a full record (every metric
-    column and the ``extra`` JSON) for each of the tens of thousands of rows of a large study,
-    about three times slower; the page needs two columns. Reads only, on the store's engine;
-    ``tests/api/test_dashboard.py`` checks it against ``study_metrics``.
-    """
-    query = (
-        select(TrialRow.number, TrialMetricRow.epoch, TrialMetricRow.val_accuracy)
-        .join(TrialMetricRow, TrialMetricRow.trial_id == TrialRow.id)
-        .where(TrialRow.study_id == study_id)
-        .order_by(TrialRow.number, TrialMetricRow.epoch)
-    )
-    curves: dict[int, list[tuple[int, float | None]]] = {}
-    with store.engine.connect() as conn:
-        for number, epoch, acc in conn.execute(query):
-            curves.setdefault(number, []).append((epoch, acc))
-    return curves
-
-
-def read_origins(store: StudyStore, study_id: int) -> dict[int, list[dd.EpochOrigin]]:
-    """Per trial, where each stored epoch came from (fork, PBT clone, its own training) and
-    its cooldown probe: four keys of the metrics' ``extra``, read in one query."""
-    extra = TrialMetricRow.extra
-    query = (
-        select(
-            TrialRow.number,
-            TrialMetricRow.epoch,
-            extra["replayed"].as_boolean(),
-            extra["forked_epochs"].as_integer(),
-            extra["cloned_from"].as_integer(),
-            extra["probe_val_accuracy"].as_float(),
-        )
-        .join(TrialMetricRow, TrialMetricRow.trial_id == TrialRow.id)
-        .where(TrialRow.study_id == study_id)
-        .order_by(TrialRow.number, TrialMetricRow.epoch)
-    )
-    origins: dict[int, list[dd.EpochOrigin]] = {}
-    with store.engine.connect() as conn:
-        for number, epoch, replayed, forked, cloned, probe in conn.execute(query):
-            origins.setdefault(number, []).append(
-                dd.EpochOrigin(epoch, bool(replayed), int(forked or 0), cloned, probe)
-            )
-    return origins
-
-
 def _page_data(
     store: StudyStore, study_id: int, since: datetime | None
 ) -> tuple[datetime, dict[str, Any]]:
     """The page data and the server time it was read at."""
     # Trials and curves first, the study last: the header's counts are never behind the rows.
     trials = _all_trials(store, study_id)
-    curves = read_curves(store, study_id)
+    curves = store.accuracy_curves(study_id)
     study = store.get_study(study_id)
     now = datetime.now(UTC)
     small = next((t for t in trials if t.baseline == "small_batch"), None)
@@ -305,7 +256,7 @@ def _page_data(
         now=now,
         since=since,
         noise=dd.NoiseCurve(small.number, noise) if small is not None else None,
-        origins=read_origins(store, study_id),
+        origins=store.epoch_origins(study_id),
     )
     data["links"] = {
         "study_api": f"{API_PREFIX}/studies/{study_id}",

@@ -29,11 +29,11 @@ from tuner.schedule import Schedule
 from tuner.seeds import seed_text
 from tuner.store import (
     EpochMetrics,
+    EpochOrigin,
     StudyRecord,
     StudyStatus,
     TrialRecord,
     TrialStatus,
-    optuna_study_name,
 )
 
 __all__ = [
@@ -54,7 +54,6 @@ __all__ = [
     "format_objective",
     "is_live",
     "objective_info",
-    "optuna_study_names",
     "param_importance",
     "schedule_picture",
     "schedule_summary",
@@ -513,20 +512,6 @@ class NoiseCurve:
         }
 
 
-@dataclass(frozen=True)
-class EpochOrigin:
-    """Where one stored epoch of a trial came from: ``replayed`` from a shared prefix the
-    trial forked from (``forked_epochs`` long), copied from the trial it ``cloned_from``
-    (PBT), else trained by the trial itself; ``probe`` is the cooldown probe's accuracy
-    after it, if one ran."""
-
-    epoch: int
-    replayed: bool = False
-    forked_epochs: int = 0
-    cloned_from: int | None = None
-    probe: float | None = None
-
-
 def _shares_prefix(a: Mapping[str, Any], b: Mapping[str, Any], epoch: int) -> bool:
     """Whether two schedule documents have the same settings and stages up to a stage
     boundary at ``epoch`` (what a fork shares)."""
@@ -652,20 +637,6 @@ def data_etag(body: bytes) -> str:
 # -- parameter importance (Optuna) ----------------------------------------------------------------
 
 
-def optuna_study_names(study: StudyRecord) -> list[str]:
-    """Names the study's Optuna study may have: the one the engine wrote into the summary,
-    then the one it derives from the study id (a study still running has no summary yet)."""
-    names: list[str] = []
-    summary = study.summary or {}
-    recorded = summary.get("optuna_study")
-    if isinstance(recorded, str) and recorded:
-        names.append(recorded)
-    derived = optuna_study_name(study.id)
-    if derived not in names:
-        names.append(derived)
-    return names
-
-
 def _unavailable(note: str, **extra: Any) -> dict[str, Any]:
     return {"available": False, "note": note, "objectives": [], **extra}
 
@@ -692,25 +663,18 @@ def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
     than :data:`MIN_IMPORTANCE_TRIALS` usable trials.
     """
     import optuna  # heavy; only this endpoint needs it
-    from sqlalchemy import create_engine, inspect
 
-    probe = create_engine(storage_url)
-    try:
-        tables = set(inspect(probe).get_table_names())
-    finally:
-        probe.dispose()
-    if not {"studies", "trials", "version_info"} <= tables:
+    from tuner import optuna_storage
+
+    storage = optuna_storage.open_existing(storage_url)
+    if storage is None:
         return _unavailable(
             "no Optuna storage in this database yet (the engine creates it when it samples "
             "its first schedule)"
         )
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = optuna.storages.RDBStorage(
-        storage_url, skip_table_creation=True, skip_compatibility_check=True
-    )
     try:
         existing = {s.study_name for s in storage.get_all_studies()}
-        name = next((n for n in optuna_study_names(study) if n in existing), None)
+        name = next((n for n in optuna_storage.study_names(study) if n in existing), None)
         if name is None:
             return _unavailable("no Optuna study found for this study")
         loaded = optuna.load_study(study_name=name, storage=storage)
@@ -721,7 +685,7 @@ def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
         usable: list[tuple[dict[str, Any], dict[str, Any], list[float]]] = []
         stopped = 0
         for t in loaded.get_trials(deepcopy=False):
-            if t.user_attrs.get("stagetune_infeasible") or not t.params:
+            if t.user_attrs.get(optuna_storage.INFEASIBLE_ATTR) or not t.params:
                 continue
             if t.state is optuna.trial.TrialState.COMPLETE and t.values is not None:
                 if all(math.isfinite(v) for v in t.values):
@@ -735,7 +699,7 @@ def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
                 if math.isfinite(last):
                     usable.append((t.params, t.distributions, [last]))
                     stopped += 1
-        names_attr = loaded.user_attrs.get("stagetune_objective")
+        names_attr = loaded.user_attrs.get(optuna_storage.OBJECTIVE_ATTR)
     finally:
         storage.engine.dispose()
     completed = len(usable) - stopped

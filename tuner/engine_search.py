@@ -40,14 +40,12 @@ import logging
 import math
 import pickle
 import random
-import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import optuna
-import sqlalchemy
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
@@ -55,6 +53,16 @@ from tuner.baselines import Baseline
 from tuner.errors import StagetuneError
 from tuner.noise_candidate import NOISE_SCALE, noise_scale_schedule
 from tuner.objectives import StudyObjective, TrialOutcome
+from tuner.optuna_storage import (
+    CANDIDATE_ATTR,
+    INFEASIBLE_ATTR,
+    NUMBER_ATTR,
+    OBJECTIVE_ATTR,
+    PARENT_ATTR,
+    PREFIX_STAGES_ATTR,
+    SCHEDULE_ATTR,
+    open_storage,
+)
 from tuner.schedule import Schedule
 from tuner.space import ScheduleSpace, constraint_violations
 
@@ -79,10 +87,6 @@ log = logging.getLogger(__name__)
 META_KEY: Final = "stagetune"
 #: Consecutive infeasible draws after which the study fails (the constraint is too tight).
 MAX_DRAWS: Final = 200
-
-_NUMBER_ATTR: Final = "stagetune_number"
-_SCHEDULE_ATTR: Final = "stagetune_schedule"
-_CANDIDATE_ATTR: Final = "stagetune_candidate"
 
 
 @dataclass(frozen=True)
@@ -169,69 +173,6 @@ def make_sampler(
     )
 
 
-def _rdb_storage(url: str, engine_kwargs: Mapping[str, Any]) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage; on SQLite with the store's connection settings (WAL journal,
-    ``synchronous=NORMAL``, a busy timeout), which make each write several times cheaper."""
-    kwargs = dict(engine_kwargs)
-    sqlite = url.startswith("sqlite")
-    if sqlite:
-        kwargs.setdefault("connect_args", {"timeout": 30})
-    _ensure_optuna_schema(url, kwargs)
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-    if sqlite:
-
-        @sqlalchemy.event.listens_for(storage.engine, "connect")
-        def _pragmas(dbapi_connection: Any, _record: Any) -> None:
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.close()
-
-        storage.engine.dispose()  # connections opened so far lack the pragmas
-    return storage
-
-
-#: Attempts at creating Optuna's tables while another process creates them.
-_SCHEMA_RACE_ATTEMPTS: Final = 6
-
-
-#: Databases whose Optuna tables this process has seen (checked once per process).
-_OPTUNA_SCHEMA_READY: set[str] = set()
-
-
-def _ensure_optuna_schema(url: str, engine_kwargs: Mapping[str, Any]) -> None:
-    """Create Optuna's tables if they are missing, trying again while another process is
-    creating them.
-
-    Opening an Optuna storage creates its tables (check, then ``CREATE``), so two
-    dispatchers starting their first studies on a fresh database at the same moment both
-    create them; the loser failed (PostgreSQL: a unique violation in ``pg_type``; SQLite:
-    "already exists") and its study with it. Once the winner is done the tables exist, and
-    another attempt only finds them. The attempts open no connection pool (``NullPool``),
-    so a failed one leaves no connection behind. A dispatcher runs many studies: only its
-    first pays for this extra opening (40-110 ms); were the tables dropped later, opening the
-    storage would create them again, as before.
-    """
-    if url in _OPTUNA_SCHEMA_READY:
-        return
-    kwargs: dict[str, Any] = {"poolclass": sqlalchemy.pool.NullPool}
-    if "connect_args" in engine_kwargs:
-        kwargs["connect_args"] = engine_kwargs["connect_args"]
-    for attempt in range(1, _SCHEMA_RACE_ATTEMPTS + 1):
-        try:
-            optuna.storages.RDBStorage(url, engine_kwargs=kwargs).engine.dispose()
-            _OPTUNA_SCHEMA_READY.add(url)
-            return
-        except sqlalchemy.exc.DBAPIError as exc:
-            raced = isinstance(exc, sqlalchemy.exc.IntegrityError) or "already exists" in str(
-                exc.orig
-            )
-            if not raced or attempt == _SCHEMA_RACE_ATTEMPTS:
-                raise
-            log.info("Optuna's tables are being created by another process; trying again")
-            time.sleep(0.2 * attempt)
-
-
 class ScheduleSearcher(Searcher):
     """Baselines, then schedules drawn by Optuna from :class:`ScheduleSpace`."""
 
@@ -304,7 +245,7 @@ class ScheduleSearcher(Searcher):
                     self._memory_storage = optuna.storages.InMemoryStorage()
                 storage = self._memory_storage
             else:
-                storage = _rdb_storage(self._storage_url, self._engine_kwargs)
+                storage = open_storage(self._storage_url, self._engine_kwargs)
             sampler = make_sampler(
                 self._sampler_name,
                 seed=self._seed,
@@ -328,8 +269,8 @@ class ScheduleSearcher(Searcher):
                     startup_trials=self._startup_trials,
                     multi_objective=self._objective.is_multi,
                 )
-            if "stagetune_objective" not in self._study.user_attrs:
-                self._study.set_user_attr("stagetune_objective", list(self._objective.names))
+            if OBJECTIVE_ATTR not in self._study.user_attrs:
+                self._study.set_user_attr(OBJECTIVE_ATTR, list(self._objective.names))
             if self._study.metric_names is None:
                 # optuna-dashboard shows these names, not "Objective 0". (Experimental in
                 # Optuna since 3.2, without change since; its warning is noise here.)
@@ -375,7 +316,7 @@ class ScheduleSearcher(Searcher):
         schedule, trial = self._draw(number)
         params = dict(trial.params)
         # The storage id lets later reports address the trial without a live Trial object.
-        candidate = trial.user_attrs.get(_CANDIDATE_ATTR)
+        candidate = trial.user_attrs.get(CANDIDATE_ATTR)
         meta = TrialMeta(
             number,
             None,
@@ -389,8 +330,8 @@ class ScheduleSearcher(Searcher):
         # a number, which a resume closes and draws again. The other way round it would leave
         # the number without the schedule to replay, and the number would be drawn a second
         # time (two Optuna trials for one stagetune trial).
-        trial.set_user_attr(_SCHEDULE_ATTR, schedule_dict)
-        trial.set_user_attr(_NUMBER_ATTR, number)
+        trial.set_user_attr(SCHEDULE_ATTR, schedule_dict)
+        trial.set_user_attr(NUMBER_ATTR, number)
         return self._issue(trial_id, meta, schedule_dict)
 
     def _make_plan(self) -> list[int]:
@@ -438,7 +379,7 @@ class ScheduleSearcher(Searcher):
         study = self.study
         for attempt in range(MAX_DRAWS):
             if attempt == 0 and self._candidate is not None:
-                self.study.enqueue_trial(self._candidate, user_attrs={_CANDIDATE_ATTR: NOISE_SCALE})
+                self.study.enqueue_trial(self._candidate, user_attrs={CANDIDATE_ATTR: NOISE_SCALE})
                 self._candidate = None
             elif attempt < 3:
                 self._enqueue_prefix(number, attempt)
@@ -449,7 +390,7 @@ class ScheduleSearcher(Searcher):
                 trial.set_constraint(name, amount)
             if all(v <= 0 for v in violations.values()):
                 return schedule, trial
-            trial.set_user_attr("stagetune_infeasible", True)
+            trial.set_user_attr(INFEASIBLE_ATTR, True)
             study.tell(trial, list(self._objective.infeasible_values()))
         raise StagetuneError(
             f"the objective's constraint rejected {MAX_DRAWS} schedules in a row: it is too "
@@ -501,7 +442,7 @@ class ScheduleSearcher(Searcher):
         }
         self.study.enqueue_trial(
             fixed,
-            user_attrs={"stagetune_parent": parent.number, "stagetune_prefix_stages": stages},
+            user_attrs={PARENT_ATTR: parent.number, PREFIX_STAGES_ATTR: stages},
         )
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
@@ -612,7 +553,7 @@ class ScheduleSearcher(Searcher):
         if any(m.candidate == NOISE_SCALE for m in self._trials.values()):
             return
         drawn = self.study.get_trials(deepcopy=False)
-        if any(t.user_attrs.get(_CANDIDATE_ATTR) == NOISE_SCALE for t in drawn):
+        if any(t.user_attrs.get(CANDIDATE_ATTR) == NOISE_SCALE for t in drawn):
             return
         epochs = self._space.total_epochs
         schedule = noise_scale_schedule(self._space, [self._noise.get(e) for e in range(epochs)])
@@ -644,10 +585,10 @@ class ScheduleSearcher(Searcher):
         for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if frozen.number in issued:
                 continue
-            number = frozen.user_attrs.get(_NUMBER_ATTR)
-            schedule = frozen.user_attrs.get(_SCHEDULE_ATTR)
+            number = frozen.user_attrs.get(NUMBER_ATTR)
+            schedule = frozen.user_attrs.get(SCHEDULE_ATTR)
             if isinstance(number, int) and isinstance(schedule, dict) and number not in known:
-                candidate = frozen.user_attrs.get(_CANDIDATE_ATTR)
+                candidate = frozen.user_attrs.get(CANDIDATE_ATTR)
                 meta = TrialMeta(
                     number,
                     None,

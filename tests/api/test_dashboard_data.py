@@ -311,8 +311,10 @@ def test_page_data_changes_with_the_study_not_with_the_clock() -> None:
 
 
 def test_optuna_study_names_prefer_the_recorded_one() -> None:
-    assert dd.optuna_study_names(study())[0] == "stagetune-study-7"
-    names = dd.optuna_study_names(study(summary={"optuna_study": "custom"}))
+    from tuner.optuna_storage import study_names
+
+    assert study_names(study())[0] == "stagetune-study-7"
+    names = study_names(study(summary={"optuna_study": "custom"}))
     assert names[:2] == ["custom", "stagetune-study-7"]
 
 

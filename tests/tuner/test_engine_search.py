@@ -12,7 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner import engine_search
+from tuner import engine_search, optuna_storage
 from tuner.baselines import build_baselines
 from tuner.engine_search import META_KEY, PriorTrial, ScheduleSearcher
 from tuner.errors import StagetuneError
@@ -264,7 +264,7 @@ def test_searchers_opening_a_fresh_database_at_once_all_get_optuna_storage(db_ur
     def open_storage() -> None:
         start.wait()
         try:
-            storages.append(engine_search._rdb_storage(db_url, {}))
+            storages.append(optuna_storage.open_storage(db_url, {}))
         except BaseException as exc:
             errors.append(exc)
 

@@ -22,6 +22,7 @@ from sqlalchemy import func, insert, select
 from tuner.errors import ConflictError, InvalidStateError, NotFoundError, ValidationError
 from tuner.schedule import Schedule, Stage
 from tuner.store import (
+    EpochOrigin,
     StudyRecord,
     StudyStatus,
     StudyStore,
@@ -821,6 +822,29 @@ def test_study_metrics_returns_every_curve_keyed_by_trial_number(store: StudySto
     assert [m.epoch for m in curves[2]] == [0, 1, 2]
     assert [m.val_accuracy for m in curves[0]] == [0.0, 0.1, 0.2]
     assert curves[2] == store.trial_metrics(store.get_trial(study.id, 2).id)
+
+
+def test_accuracy_curves_and_epoch_origins_read_what_the_metrics_hold(store: StudyStore) -> None:
+    """The dashboard's two narrow reads: validation accuracy per epoch, and where each epoch
+    came from (a fork's replayed prefix, a PBT clone, a cooldown probe after it)."""
+    study = running_study(store)
+    assert store.accuracy_curves(study.id) == {}
+    assert store.epoch_origins(study.id) == {}
+    first = trial(store, study.id, 0)
+    fork = trial(store, study.id, 1)
+    trial(store, study.id, 2)  # no metrics yet
+    store.add_epoch_metrics(first.id, 0, {"val_accuracy": 0.5, "probe_val_accuracy": 0.7})
+    store.add_epoch_metrics(first.id, 1, {"val_accuracy": None})
+    store.add_epoch_metrics(fork.id, 0, {"val_accuracy": 0.5, "replayed": True, "forked_epochs": 1})
+    store.add_epoch_metrics(fork.id, 1, {"val_accuracy": 0.6, "cloned_from": 0})
+    assert store.accuracy_curves(study.id) == {0: [(0, 0.5), (1, None)], 1: [(0, 0.5), (1, 0.6)]}
+    full = store.study_metrics(study.id)
+    for number, curve in store.accuracy_curves(study.id).items():
+        assert curve == [(m.epoch, m.val_accuracy) for m in full[number]]
+    assert store.epoch_origins(study.id) == {
+        0: [EpochOrigin(0, probe=0.7), EpochOrigin(1)],
+        1: [EpochOrigin(0, replayed=True, forked_epochs=1), EpochOrigin(1, cloned_from=0)],
+    }
 
 
 def test_study_metrics_stays_fast_for_a_thousand_trials(store: StudyStore) -> None:

@@ -38,6 +38,9 @@ DATABASE_URL_ENV = "STAGETUNE_DATABASE_URL"
 """Environment variable naming the database (used by ``alembic upgrade head`` and the CLI)."""
 
 SQLITE_BUSY_TIMEOUT_S = 30.0
+#: Settings of every connection to a SQLite *file* (the store's and Optuna's storage's):
+#: readers never block the writer, and a commit does not wait for the disk.
+SQLITE_FILE_PRAGMAS: tuple[str, ...] = ("journal_mode = WAL", "synchronous = NORMAL")
 WRITE_OPTION = "stagetune_write"
 
 
@@ -150,8 +153,8 @@ def _make_sqlite_engine(url: URL, *, echo: bool, **kwargs: Any) -> Engine:
         try:
             cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
             if path is not None:
-                cursor.execute("PRAGMA journal_mode = WAL")
-                cursor.execute("PRAGMA synchronous = NORMAL")
+                for pragma in SQLITE_FILE_PRAGMAS:
+                    cursor.execute(f"PRAGMA {pragma}")
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
             cursor.close()

@@ -179,6 +179,20 @@ class TrialCurve:
 
 
 @dataclass(frozen=True, slots=True)
+class EpochOrigin:
+    """Where one stored epoch of a trial came from: ``replayed`` from a shared prefix the
+    trial forked from (``forked_epochs`` long), copied from the trial it ``cloned_from``
+    (PBT), else trained by the trial itself; ``probe`` is the cooldown probe's accuracy
+    after it, if one ran."""
+
+    epoch: int
+    replayed: bool = False
+    forked_epochs: int = 0
+    cloned_from: int | None = None
+    probe: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Page(Generic[T]):
     """One page of a listing: ``items`` and the ``total`` matching the filters."""
 

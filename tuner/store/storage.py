@@ -78,6 +78,7 @@ from tuner.store.records import (
     FINISHED_STUDY_STATUSES,
     FINISHED_TRIAL_STATUSES,
     EpochMetrics,
+    EpochOrigin,
     Page,
     StudyRecord,
     StudyStatus,
@@ -1300,6 +1301,52 @@ class StudyStore:
             for t in trials
         )
         return Page(items=items, total=int(total), limit=limit, offset=offset)
+
+    def accuracy_curves(self, study_id: int) -> dict[int, list[tuple[int, float | None]]]:
+        """Every trial's validation accuracy per epoch, by trial number, in one query (trials
+        without metrics left out).
+
+        :meth:`study_metrics` answers the same but builds a full record (every metric column
+        and the ``extra`` JSON) for each of the tens of thousands of rows of a large study,
+        about three times slower; the dashboard's page needs two columns."""
+        query = (
+            select(TrialRow.number, TrialMetricRow.epoch, TrialMetricRow.val_accuracy)
+            .join(TrialMetricRow, TrialMetricRow.trial_id == TrialRow.id)
+            .where(TrialRow.study_id == study_id)
+            .order_by(TrialRow.number, TrialMetricRow.epoch)
+        )
+        curves: dict[int, list[tuple[int, float | None]]] = {}
+        with self._session(write=False) as session:
+            for number, epoch, acc in session.connection().execute(query):
+                curves.setdefault(number, []).append((epoch, acc))
+        return curves
+
+    def epoch_origins(self, study_id: int) -> dict[int, list[EpochOrigin]]:
+        """Per trial number, where each stored epoch came from (fork, PBT clone, the trial's
+        own training) and its cooldown probe: four keys of the metrics' ``extra``, one query."""
+        extra = TrialMetricRow.extra
+        query = (
+            select(
+                TrialRow.number,
+                TrialMetricRow.epoch,
+                extra["replayed"].as_boolean(),
+                extra["forked_epochs"].as_integer(),
+                extra["cloned_from"].as_integer(),
+                extra["probe_val_accuracy"].as_float(),
+            )
+            .join(TrialMetricRow, TrialMetricRow.trial_id == TrialRow.id)
+            .where(TrialRow.study_id == study_id)
+            .order_by(TrialRow.number, TrialMetricRow.epoch)
+        )
+        origins: dict[int, list[EpochOrigin]] = {}
+        with self._session(write=False) as session:
+            for number, epoch, replayed, forked, cloned, probe in session.connection().execute(
+                query
+            ):
+                origins.setdefault(number, []).append(
+                    EpochOrigin(epoch, bool(replayed), int(forked or 0), cloned, probe)
+                )
+        return origins
 
     def study_metrics(self, study_id: int) -> dict[int, list[EpochMetrics]]:
         """Every trial's learning curve in one query: trial number -> metrics by epoch
