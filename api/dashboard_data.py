@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from tuner.errors import ValidationError
 from tuner.formatting import format_duration
-from tuner.objectives import search_text
+from tuner.objectives import objective_values, search_text
 from tuner.schedule import Schedule
 from tuner.seeds import seed_text
 from tuner.store import (
@@ -122,13 +122,14 @@ def objective_info(spec: Mapping[str, Any]) -> dict[str, Any]:
     kind = str(objective.get("kind") or "accuracy")
     cost = str(objective.get("cost") or "steps")
     cost_text = "wall time" if cost == "wall_time" else "steps"
+    names, directions = (list(v) for v in objective_values(kind, cost))
     if kind == "time_to_accuracy":
         target = objective.get("target_accuracy")
         target_text = f"{target * 100:.1f}%" if isinstance(target, int | float) else "the target"
         return {
             "kind": kind,
-            "names": [f"{cost}_to_target"],
-            "directions": ["minimize"],
+            "names": names,
+            "directions": directions,
             "cost": cost,
             "target_accuracy": target,
             "label": f"minimise {cost_text} to reach {target_text} validation accuracy",
@@ -136,8 +137,8 @@ def objective_info(spec: Mapping[str, Any]) -> dict[str, Any]:
     if kind == "pareto":
         return {
             "kind": kind,
-            "names": ["val_accuracy", cost],
-            "directions": ["maximize", "minimize"],
+            "names": names,
+            "directions": directions,
             "cost": cost,
             "label": f"Pareto front of validation accuracy against {cost_text}",
         }
@@ -153,8 +154,8 @@ def objective_info(spec: Mapping[str, Any]) -> dict[str, Any]:
         label += " with " + ", ".join(constraints)
     return {
         "kind": "accuracy",
-        "names": ["val_accuracy"],
-        "directions": ["maximize"],
+        "names": names,
+        "directions": directions,
         "cost": "steps",
         "label": label,
     }

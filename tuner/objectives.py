@@ -41,6 +41,7 @@ __all__ = [
     "StudyObjective",
     "TrialOutcome",
     "epochs_done",
+    "objective_values",
     "pareto_front",
     "rank_key",
     "search_text",
@@ -78,6 +79,18 @@ def _number(result: Mapping[str, Any], key: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def objective_values(
+    kind: str, cost: str = "steps"
+) -> tuple[tuple[str, ...], tuple[Direction, ...]]:
+    """The names and directions of an objective's values, from its ``kind`` and ``cost``
+    (the one rule: the engine, Optuna's study and the dashboard read them from here)."""
+    if kind == "time_to_accuracy":
+        return (f"{cost}_to_target",), ("minimize",)
+    if kind == "pareto":
+        return ("val_accuracy", cost), ("maximize", "minimize")
+    return ("val_accuracy",), ("maximize",)
+
+
 @dataclass(frozen=True)
 class StudyObjective:
     """An objective of a spec, bound to the run's length."""
@@ -98,19 +111,11 @@ class StudyObjective:
     @property
     def names(self) -> tuple[str, ...]:
         """Names of the objective values (as stored in ``objective_values`` and Optuna)."""
-        if isinstance(self.spec, AccuracyObjective):
-            return ("val_accuracy",)
-        if isinstance(self.spec, TimeToAccuracyObjective):
-            return (f"{self.spec.cost}_to_target",)
-        return ("val_accuracy", self.spec.cost)
+        return objective_values(self.spec.kind, getattr(self.spec, "cost", "steps"))[0]
 
     @property
     def directions(self) -> tuple[Direction, ...]:
-        if isinstance(self.spec, AccuracyObjective):
-            return ("maximize",)
-        if isinstance(self.spec, TimeToAccuracyObjective):
-            return ("minimize",)
-        return ("maximize", "minimize")
+        return objective_values(self.spec.kind, getattr(self.spec, "cost", "steps"))[1]
 
     @property
     def is_multi(self) -> bool:
