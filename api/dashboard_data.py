@@ -25,7 +25,7 @@ from typing import Any, Final
 from tuner.errors import ValidationError
 from tuner.formatting import format_duration
 from tuner.objectives import objective_values, search_text
-from tuner.schedule import Schedule
+from tuner.schedule import Schedule, schedule_summary
 from tuner.seeds import seed_text
 from tuner.store import (
     EpochMetrics,
@@ -229,36 +229,6 @@ def study_row(study: StudyRecord, now: datetime) -> dict[str, Any]:
 # -- study page -------------------------------------------------------------------------------
 
 
-def schedule_summary(document: Mapping[str, Any]) -> str | None:
-    """``"64@0-3 -> 256@3-8"`` (:meth:`Schedule.summary`) for a stored schedule, ``None`` if
-    it does not parse.
-
-    Stored schedules were validated when the engine drew them, so the summary is read off
-    their stages directly (parsing and validating a thousand schedules per page load would
-    be most of its time); anything unexpected goes through :meth:`Schedule.from_dict`.
-    """
-    stages = document.get("stages")
-    if isinstance(stages, list) and stages:
-        parts = []
-        for stage in stages:
-            if not isinstance(stage, Mapping):
-                break
-            start, end, batch = (
-                stage.get("start_epoch"),
-                stage.get("end_epoch"),
-                stage.get("batch_size"),
-            )
-            if not all(type(v) is int for v in (start, end, batch)):
-                break
-            parts.append(f"{batch}@{start}-{end}")
-        else:
-            return " -> ".join(parts)
-    try:
-        return Schedule.from_dict(dict(document)).summary()
-    except (ValidationError, TypeError, ValueError):
-        return None
-
-
 def _lr_points(schedule: Schedule) -> tuple[list[float], list[float]]:
     """Points (epoch, LR) whose straight-line interpolation is the exact LR curve for constant,
     step and warm-up segments (a jump is two points at one epoch) and a fine sampling of
@@ -332,7 +302,8 @@ def trial_row(trial: TrialRecord) -> dict[str, Any]:
         "baseline": trial.baseline,
         "status": trial.status.value,
         "stop_reason": trial.stop_reason,
-        "summary": schedule_summary(trial.schedule),
+        # Written by the store with the trial; older rows have none.
+        "summary": trial.schedule_summary or schedule_summary(trial.schedule),
         "val_accuracy": _finite(trial.val_accuracy),
         "val_loss": _finite(trial.val_loss),
         "steps": trial.steps,

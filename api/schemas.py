@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.schedule import Schedule, ScheduleError
+from tuner.schedule import schedule_summary
 from tuner.store.records import (
     EpochMetrics,
     Page,
@@ -23,14 +23,6 @@ from tuner.store.records import (
     TrialRecord,
     TrialStatus,
 )
-
-
-def schedule_summary(document: dict[str, Any]) -> str | None:
-    """``"64@0-3 -> 256@3-8"`` for a stored schedule document (``None`` if it is invalid)."""
-    try:
-        return Schedule.from_dict(document).summary()
-    except ScheduleError:
-        return None
 
 
 class Schema(BaseModel):

@@ -63,11 +63,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from tuner.schedule import Schedule, Stage  # noqa: E402
+from tuner.schedule import (  # noqa: E402
+    Schedule,
+    Stage,
+    schedule_summary,
+)
 from tuner.store import StudyStatus, StudyStore, TrialStatus  # noqa: E402
 from tuner.store.migrate import upgrade  # noqa: E402
 from tuner.store.models import TrialMetricRow, TrialRow  # noqa: E402
-from tuner.store.storage import summarize_schedule  # noqa: E402
 
 API = "/api/v1"
 SPEC: dict[str, Any] = {"task": "digits", "baselines": False, "budget": {"trials": 10}}
@@ -127,7 +130,7 @@ def build_data(
     assert claimed is not None
     assert claimed.id == study.id
     schedule = _schedule(32)
-    summary = summarize_schedule(schedule)  # what the store writes with each trial
+    summary = schedule_summary(schedule)  # what the store writes with each trial
 
     # A sample through the store API: the rate the dispatcher writes at.
     sample = min(api_sample, trials)

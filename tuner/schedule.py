@@ -65,6 +65,7 @@ __all__ = [
     "StepInfo",
     "place",
     "place_batch",
+    "schedule_summary",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -1309,6 +1310,16 @@ class StagePlacement:
 
     stage_index: int
     placement: BatchPlacement
+
+
+def schedule_summary(document: Mapping[str, Any]) -> str | None:
+    """``"64@0-3 -> 256@3-8"`` (:meth:`Schedule.summary`) for a schedule document, ``None``
+    if it is not a valid schedule: the one rule behind the summary the store writes with each
+    trial (``TrialRecord.schedule_summary``, which the API, dashboard and CLI show)."""
+    try:
+        return Schedule.from_dict(dict(document)).summary()
+    except (ValidationError, TypeError, ValueError):
+        return None
 
 
 def place_batch(

@@ -9,9 +9,10 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from api.deps import StoreDep
 from api.routes.downloads import YAML_RESPONSE, schedule_download
 from api.routes.params import NO_NUL, Limit, Offset, StudyId
-from api.schemas import StudyDetail, StudyOut, StudyPage, error_responses, schedule_summary
+from api.schemas import StudyDetail, StudyOut, StudyPage, error_responses
 from api.spec_input import spec_from_body
 from tuner.errors import NotFoundError
+from tuner.schedule import schedule_summary
 from tuner.spec import StudySpec
 from tuner.store import StudyRecord, StudyStatus, StudyStore
 

@@ -54,7 +54,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tuner.errors import ConflictError, InvalidStateError, NotFoundError, ValidationError
-from tuner.schedule import Schedule, ScheduleError
+from tuner.schedule import schedule_summary
 from tuner.store import migrate
 from tuner.store.engine import (
     display_url,
@@ -311,14 +311,6 @@ def _can_rerun(row: TrialRow) -> bool:
     if row.status == TrialStatus.RUNNING:
         return True
     return row.status == TrialStatus.FAILED and row.stop_reason == RELEASED_REASON
-
-
-def summarize_schedule(document: Mapping[str, Any]) -> str | None:
-    """``"64@0-3 -> 256@3-8"`` for a schedule document, ``None`` if it is not a valid one."""
-    try:
-        return Schedule.from_dict(document).summary()
-    except ScheduleError:
-        return None
 
 
 _METRIC_COLUMNS = (
@@ -878,7 +870,7 @@ class StudyStore:
             params=_json_object(params, "params"),
             status=TrialStatus.RUNNING.value,
             epochs_done=0,
-            schedule_summary=summarize_schedule(document),
+            schedule_summary=schedule_summary(document),
             restarts=0,
         )
 
@@ -1054,7 +1046,7 @@ class StudyStore:
         ``clone_epoch`` become a copy of that trial's, so that its curve is its lineage's.
         """
         document = _json_object(schedule, "schedule")
-        summary = summarize_schedule(document)
+        summary = schedule_summary(document)
         clone_epoch = _int(clone_epoch, "clone_epoch")
         with self._session(write=True) as session:
             row = self._lock_trial(session, trial_id)
