@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from tuner.errors import ValidationError
 from tuner.formatting import format_duration
-from tuner.objectives import objective_values, search_text
+from tuner.objectives import compare, objective_values, search_text
 from tuner.schedule import Schedule, schedule_summary
 from tuner.seeds import seed_text
 from tuner.store import (
@@ -335,28 +335,6 @@ def compact_curve(curve: Curve) -> dict[str, list[Any]]:
     }
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or b == 0:
-        return None
-    return a / b
-
-
-def _compare(best: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, float | None]:
-    def num(row: Mapping[str, Any], key: str) -> float | None:
-        value = row.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return None
-        return float(value) if math.isfinite(value) else None
-
-    acc_best, acc_base = num(best, "val_accuracy"), num(base, "val_accuracy")
-    return {
-        "accuracy_delta": None if acc_best is None or acc_base is None else acc_best - acc_base,
-        "steps_ratio": _ratio(num(best, "steps"), num(base, "steps")),
-        "wall_time_ratio": _ratio(num(best, "wall_time_s"), num(base, "wall_time_s")),
-        "mean_batch_size_ratio": _ratio(num(best, "mean_batch_size"), num(base, "mean_batch_size")),
-    }
-
-
 _COMPARED_KEYS: Final = ("val_accuracy", "steps", "wall_time_s", "mean_batch_size")
 
 
@@ -417,7 +395,7 @@ def comparison_rows(study: StudyRecord, trials: Iterable[TrialRecord]) -> list[d
     for base in bases:
         if base["number"] == best["number"]:
             continue  # the best is this baseline: its row says so
-        base["vs_best"] = _compare(best, base)
+        base["vs_best"] = compare(best, base)
         base["is_best"] = False
         rows.append(base)
     best["is_best"] = True

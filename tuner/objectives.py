@@ -40,6 +40,7 @@ __all__ = [
     "ObjectiveSpec",
     "StudyObjective",
     "TrialOutcome",
+    "compare",
     "epochs_done",
     "objective_values",
     "pareto_front",
@@ -367,10 +368,11 @@ def summarize(
             "picked": None if robust is None else robust.number,
             "search_pick": None if search_pick is None else search_pick.number,
         }
+    best_row = {} if best is None else best.to_dict(objective)
     for base in sorted((o for o in outcomes if o.baseline is not None), key=lambda o: o.number):
         row = _with_seeds(base.to_dict(objective), by_number)
         if best is not None:
-            row["vs_best"] = _compare(best, base)
+            row["vs_best"] = compare(best_row, row)
             if robust is not None and base.number in by_number:
                 mine = by_number[base.number]["val_accuracy_mean"]
                 theirs = by_number[robust.number]["val_accuracy_mean"]
@@ -384,7 +386,7 @@ def summarize(
         row = _with_seeds(cand.to_dict(objective), by_number)
         row["candidate"] = cand.extra["candidate"]
         if best is not None:
-            row["vs_best"] = _compare(best, cand)
+            row["vs_best"] = compare(best_row, row)
         out["candidates"].append(row)
     if objective.is_multi:
         out["pareto_front"] = [o.to_dict(objective) for o in pareto_front(outcomes, objective)]
@@ -418,21 +420,29 @@ def _note(
     return f"the result is tuned trial {best.number}{on}"
 
 
-def _compare(best: TrialOutcome, base: TrialOutcome) -> dict[str, float | None]:
-    def diff(a: float | None, b: float | None) -> float | None:
-        return None if a is None or b is None else a - b
+def compare(best: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, float | None]:
+    """The best trial against another (a baseline, a candidate), from their rows
+    (:meth:`TrialOutcome.to_dict` keys): the accuracy difference best - other and the
+    best / other ratios of steps, wall time and mean batch (``None`` where a value is
+    missing, not finite, or the other's is 0). The one rule behind the summary's ``vs_best``
+    and the dashboard's comparison while a study runs."""
 
-    def ratio(a: float | None, b: float | None) -> float | None:
+    def num(row: Mapping[str, Any], key: str) -> float | None:
+        value = row.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value) if math.isfinite(value) else None
+
+    def ratio(key: str) -> float | None:
+        a, b = num(best, key), num(base, key)
         return None if a is None or not b else a / b
 
+    acc_best, acc_base = num(best, "val_accuracy"), num(base, "val_accuracy")
     return {
-        "accuracy_delta": diff(best.val_accuracy, base.val_accuracy),
-        "steps_ratio": ratio(
-            None if best.steps is None else float(best.steps),
-            None if base.steps is None else float(base.steps),
-        ),
-        "wall_time_ratio": ratio(best.wall_time_s, base.wall_time_s),
-        "mean_batch_size_ratio": ratio(best.mean_batch_size, base.mean_batch_size),
+        "accuracy_delta": None if acc_best is None or acc_base is None else acc_best - acc_base,
+        "steps_ratio": ratio("steps"),
+        "wall_time_ratio": ratio("wall_time_s"),
+        "mean_batch_size_ratio": ratio("mean_batch_size"),
     }
 
 
