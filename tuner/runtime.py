@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
@@ -138,6 +139,10 @@ class ScheduleRuntime:
     with the trial's seed (the schedule's provenance) and the same dataset, every step's LR,
     batch and samples are exactly the tuning trial's.
     ``speed_weights``: relative worker throughputs for an uneven split of each global batch.
+    ``fixed_micro_batch``: gradient-accumulation mode, as Megatron-LM and DeepSpeed run batch
+    ramps: every pass is exactly ``micro_batch`` samples per worker and each stage's global
+    batch comes from its number of accumulation steps (ValidationError naming every stage
+    whose per-worker batch is not a multiple of ``micro_batch``).
 
     Raises ValidationError (a PlacementError naming every stage) if the schedule cannot be
     placed on ``world_size`` workers, or a stage's batch is larger than the dataset.
@@ -154,6 +159,7 @@ class ScheduleRuntime:
         *,
         seed: int = 0,
         speed_weights: Sequence[float] | None = None,
+        fixed_micro_batch: bool = False,
     ) -> None:
         self.schedule = load_schedule(schedule_or_yaml_path)
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -186,11 +192,55 @@ class ScheduleRuntime:
             self._epoch_start_step.append(
                 self._epoch_start_step[-1] + self._stage_steps[self._epoch_stage[e]]
             )
+        self.fixed_micro_batch = fixed_micro_batch
+        if fixed_micro_batch:
+            self._check_fixed_micro_batch()
         if not drop_last:  # place every partial last step now, so problems surface here
             for i, st in enumerate(self.schedule.stages):
                 remainder = dataset_size % st.batch_size
                 if remainder:
                     self.placed.step_placement(remainder, i)
+
+    def _check_fixed_micro_batch(self) -> None:
+        """Gradient-accumulation mode: every pass on every worker is exactly ``micro_batch``
+        samples and a stage grows its global batch only through more accumulation steps (how
+        Megatron-LM's and DeepSpeed's batch ramps run). Every stage's per-worker batch must be
+        a multiple of the micro-batch; the error lists those that are not and the micro-batches
+        that would do."""
+        m = self.micro_batch
+        if m is None:
+            raise ValidationError(
+                "fixed_micro_batch needs micro_batch (the per-device batch of every pass)"
+            )
+        if self.speed_weights is not None:
+            raise ValidationError(
+                "fixed_micro_batch splits every global batch evenly; drop speed_weights"
+            )
+        problems = []
+        locals_ = []
+        for i, st in enumerate(self.schedule.stages):
+            local = self.placed.placement(i).local_batches[self.rank]
+            locals_.append(local)
+            if local % m:
+                problems.append(
+                    f"stage {i + 1} (epochs {st.start_epoch}-{st.end_epoch}): batch "
+                    f"{st.batch_size} on {self.world_size} worker(s) is {local} per worker, not "
+                    f"a multiple of {m}"
+                )
+        if not self.drop_last:
+            for i, st in enumerate(self.schedule.stages):
+                rest = self.dataset_size % st.batch_size
+                if rest and (rest % self.world_size or (rest // self.world_size) % m):
+                    problems.append(
+                        f"stage {i + 1}'s partial last step of {rest} samples (drop_last=False)"
+                    )
+        if problems:
+            common = math.gcd(*locals_)
+            fits = [d for d in (1 << k for k in range(common.bit_length())) if common % d == 0]
+            raise ValidationError(
+                f"fixed micro-batch {m}: " + "; ".join(problems) + f". Micro-batches that divide "
+                f"every stage: {', '.join(map(str, fits[-4:]))} (with drop_last=True)"
+            )
 
     # ------------------------------------------------------------------ run-wide
 

@@ -363,3 +363,35 @@ def test_ranks_cover_every_step_exactly_once(
             assert taken == perm[offset : offset + steps[0].global_batch]  # rank order
             offset += steps[0].global_batch
         assert all(next(it, None) is None for it in lists)
+
+
+def test_fixed_micro_batch_grows_the_batch_by_accumulation_only() -> None:
+    """Gradient-accumulation mode (Megatron-LM's and DeepSpeed's batch ramps): every pass is
+    the micro-batch on every worker; a stage's global batch is workers x micro x accumulation."""
+    schedule = Schedule(
+        stages=(Stage(0, 1, 64), Stage(1, 2, 256), Stage(2, 3, 1024)),
+        base_lr=0.1,
+        base_batch_size=64,
+    )
+    rt = ScheduleRuntime(
+        schedule, 4096, world_size=2, rank=1, micro_batch=32, fixed_micro_batch=True
+    )
+    for epoch, accumulation in ((0, 1), (1, 4), (2, 16)):
+        for step in rt.steps(epoch):
+            assert step.micro_batches == (32,) * accumulation
+    with pytest.raises(ValidationError) as info:
+        ScheduleRuntime(schedule, 4096, world_size=2, micro_batch=48, fixed_micro_batch=True)
+    message = str(info.value)
+    assert (
+        "stage 1 (epochs 0-1): batch 64 on 2 worker(s) is 32 per worker, not a multiple of 48"
+        in message
+    )
+    assert "stage 2" in message
+    assert "stage 3" in message
+    assert "Micro-batches that divide every stage: 4, 8, 16, 32" in message
+    with pytest.raises(ValidationError, match=r"stage 3.s partial last step of 904 samples"):
+        ScheduleRuntime(
+            schedule, 5000, world_size=2, micro_batch=32, drop_last=False, fixed_micro_batch=True
+        )
+    with pytest.raises(ValidationError, match="needs micro_batch"):
+        ScheduleRuntime(schedule, 4096, fixed_micro_batch=True)
