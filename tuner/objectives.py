@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from tuner.formatting import format_bytes
 from tuner.spec import (
@@ -356,7 +356,8 @@ def summarize(
         "best": None if best is None else _with_seeds(best.to_dict(objective), by_number),
         "best_schedule": None if best is None else best.schedule,
         "best_is_baseline": is_baseline,
-        "note": _note(best, is_baseline, outcomes, robust=len(seeds) if robust else 0),
+        "note": _note(best, is_baseline, outcomes, robust=len(seeds) if robust else 0)
+        + _instability(robust),
         "baselines": [],
         "seed_runs": None,
     }
@@ -398,6 +399,29 @@ def summarize(
 def _with_seeds(row: dict[str, Any], by_number: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
     row["seeds"] = by_number.get(row["number"])
     return row
+
+
+#: A pick whose final validation accuracy spreads more than this over the fresh seeds (sample
+#: std, 2 points) gets a warning in the study's note: seed noise on the built-in tasks is
+#: 0.1-0.5 point.
+UNSTABLE_STD: Final = 0.02
+
+
+def _instability(robust: SeedStats | None) -> str:
+    """A warning when the seed-robust pick is unstable across its fresh seeds (the search run
+    was lucky: at a high LR or a large batch, some seeds train and others do not)."""
+    if robust is None:
+        return ""
+    stats = robust.to_dict()
+    std, accs = stats["val_accuracy_std"], [a for a in stats["val_accuracy"] if a is not None]
+    if std is None or std <= UNSTABLE_STD or not accs:
+        return ""
+    return (
+        f". Warning: the pick is unstable across seeds (final validation accuracy "
+        f"{min(accs):.4f} to {max(accs):.4f}); raise budget.finalists or budget.seed_runs for "
+        "a safer pick, or narrow the space (a lower space.batch_size.max or "
+        "space.lr_multiplier.max)"
+    )
 
 
 def _note(

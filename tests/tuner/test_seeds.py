@@ -102,3 +102,29 @@ def test_the_summary_reports_the_seed_pick_with_its_spread() -> None:
     plain = summarize(outcomes, obj)
     assert plain["best"]["number"] == 1
     assert plain["seed_runs"] is None
+
+
+def test_an_unstable_pick_is_reported_with_a_warning() -> None:
+    """A pick that trains on some fresh seeds and not on others (a lucky search run at a high
+    LR) is still the best mean, but the note says it is unstable and what to change."""
+    obj = objective()
+    risky = outcome(3, 0.984)
+    worse = outcome(4, 0.98)
+    stats = [
+        seed_stats(
+            risky,
+            {10: outcome(3, 0.987), 11: outcome(3, 0.985), 12: outcome(3, 0.838)},
+            [10, 11, 12],
+        ),
+        seed_stats(
+            worse, {10: outcome(4, 0.48), 11: outcome(4, 0.42), 12: outcome(4, 0.40)}, [10, 11, 12]
+        ),
+    ]
+    summary = summarize([risky, worse], obj, seed_runs=stats, seeds=[10, 11, 12])
+    assert summary["best"]["number"] == 3
+    assert summary["note"] == (
+        "the result is tuned trial 3 (best mean over 3 fresh seeds). Warning: the pick is "
+        "unstable across seeds (final validation accuracy 0.8380 to 0.9870); raise "
+        "budget.finalists or budget.seed_runs for a safer pick, or narrow the space (a lower "
+        "space.batch_size.max or space.lr_multiplier.max)"
+    )
