@@ -236,10 +236,11 @@ class ScheduleRuntime:
                     )
         if problems:
             common = math.gcd(*locals_)
-            fits = [d for d in (1 << k for k in range(common.bit_length())) if common % d == 0]
+            fits = [d for d in range(1, common + 1) if common % d == 0]
             raise ValidationError(
                 f"fixed micro-batch {m}: " + "; ".join(problems) + f". Micro-batches that divide "
-                f"every stage: {', '.join(map(str, fits[-4:]))} (with drop_last=True)"
+                f"every stage: {', '.join(map(str, fits[-4:]))} (the largest; with "
+                "drop_last=True)"
             )
 
     # ------------------------------------------------------------------ run-wide

@@ -388,7 +388,7 @@ def test_fixed_micro_batch_grows_the_batch_by_accumulation_only() -> None:
     )
     assert "stage 2" in message
     assert "stage 3" in message
-    assert "Micro-batches that divide every stage: 4, 8, 16, 32" in message
+    assert "Micro-batches that divide every stage: 4, 8, 16, 32 (the largest" in message
     with pytest.raises(ValidationError, match=r"stage 3.s partial last step of 904 samples"):
         ScheduleRuntime(
             schedule, 5000, world_size=2, micro_batch=32, drop_last=False, fixed_micro_batch=True
