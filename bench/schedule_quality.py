@@ -71,7 +71,6 @@ from common import (  # noqa: E402
     publish,
     retrain_many,
     run_tuning_study,
-    write_json,
 )
 
 from tuner.baselines import increase_batch, large_batch, small_batch  # noqa: E402
@@ -577,14 +576,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "machine": machine_info(),
         "total_wall_time_s": time.perf_counter() - started,
     }
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    write_json(args.results_dir / f"{stem}.json", data)
-    (args.results_dir / f"{stem}.md").write_text(_markdown(data), "utf-8")
-    _plot(
-        rows,
-        f"{args.task}, {args.epochs} epochs: test accuracy vs optimizer steps",
-        args.results_dir / f"{stem}.png",
-    )
     small = by_label["small_batch"]
     t = by_label["tuned"]
     others = [r for k, r in by_label.items() if k not in ("small_batch",) and not _is_tuned(k)]
@@ -603,6 +594,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"large_batch_gap={_gap(by_label):.2f}"
     )
     data["summary_line"] = line
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    _plot(
+        rows,
+        f"{args.task}, {args.epochs} epochs: test accuracy vs optimizer steps",
+        args.results_dir / f"{stem}.png",
+    )
     return publish(args.results_dir, stem, data, _markdown)
 
 
