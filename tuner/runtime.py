@@ -176,6 +176,7 @@ class ScheduleRuntime:
         self.drop_last = drop_last
         self.seed = int(seed)
         self.speed_weights = tuple(float(w) for w in speed_weights) if speed_weights else None
+        self._splits: dict[int, BatchPlacement] = {}  # global batch -> its split
         self.placed: RetargetedSchedule = retarget(
             self.schedule, world_size, micro_batch, speed_weights
         )
@@ -323,13 +324,14 @@ class ScheduleRuntime:
             first_global_step=self._epoch_start_step[epoch],
         ):
             # The constructor placed every stage (and partial step) through retarget, so
-            # split_step cannot fail here; its split is the trial loop's.
-            yield (
-                step,
-                split_step(
+            # split_step cannot fail here; its split is the trial loop's (one per batch size).
+            split = self._splits.get(step.global_batch)
+            if split is None:
+                split = split_step(
                     step.global_batch, self.world_size, self.micro_batch, self.speed_weights
-                ),
-            )
+                )
+                self._splits[step.global_batch] = split
+            yield step, split
 
     def steps(self, epoch: int, start_step: int = 0) -> Iterator[StepPlan]:
         """This rank's optimizer steps of ``epoch`` from ``start_step`` on, in order."""
