@@ -77,7 +77,7 @@ from tuner.objectives import StudyObjective, TrialOutcome, summarize, trial_stat
 from tuner.pbt import LINEAGE_KEY, SchedulePBT, initial_schedules, pbt_interval
 from tuner.prefixes import PrefixStore
 from tuner.schedule import Schedule
-from tuner.seeds import SeedStats, finalists, fresh_seeds, seed_stats
+from tuner.seeds import SeedStats, finalists, fresh_seeds, reserves, seed_stats
 from tuner.space import ScheduleSpace, check_feasible, constraint_violations
 from tuner.spec import AccuracyObjective, ResolvedSpec
 from tuner.trial_config import TrialConfig
@@ -373,6 +373,7 @@ def outcome_of(
             "optuna_trial": meta.optuna_trial,
             "compute_epochs": compute,
             "forked_epochs": int(forked or 0),
+            "score": num("score"),
             "candidate": meta.candidate,
             "pbt_lineage": config.get(LINEAGE_KEY),
         },
@@ -937,19 +938,27 @@ class TuningEngine:
         """The seed runs' own Tune experiment (beside the search's)."""
         return self.storage_path / f"{self.experiment_name}.seeds"
 
+    @property
+    def reserve_experiment_path(self) -> Path:
+        """The reserves' seed runs (when the finalists' pick was unstable; see
+        :func:`tuner.seeds.reserves`), an experiment of their own."""
+        return self.storage_path / f"{self.experiment_name}.reserves"
+
     def seeds(self) -> list[int]:
         """The fresh seeds the finalists train on (none for a multi-objective study)."""
         if self.objective.is_multi:
             return []
         return fresh_seeds(self.resolved.spec.seed, self.resolved.spec.budget.seed_runs)
 
-    def seed_run_configs(self, outcomes: Sequence[TrialOutcome]) -> list[dict[str, Any]]:
+    def seed_run_configs(
+        self, chosen: Sequence[TrialOutcome], *, reserve: bool = False
+    ) -> list[dict[str, Any]]:
         """One trial config per (finalist, fresh seed): the finalist's schedule and number,
         the seed, no probes (see :mod:`tuner.seeds`)."""
         seeds = self.seeds()
         if not seeds:
             return []
-        chosen = finalists(outcomes, self.objective, self.resolved.spec.budget.finalists)
+        runs = len(chosen) * len(seeds)
         return [
             {
                 "schedule": f.schedule,
@@ -960,7 +969,7 @@ class TuningEngine:
                     optuna_trial=f.extra.get("optuna_trial"),
                 ).to_dict(),
                 "seed": seed,
-                SEED_RUN_KEY: {"seed": seed, "seeds": len(seeds), "runs": len(chosen) * len(seeds)},
+                SEED_RUN_KEY: {"seed": seed, "seeds": len(seeds), "runs": runs, "reserve": reserve},
                 "probe_at": [],
             }
             for f in chosen
@@ -968,14 +977,32 @@ class TuningEngine:
         ]
 
     def _seed_runs(self, outcomes: Sequence[TrialOutcome], seeds: list[int]) -> list[SeedStats]:
-        """Train the finalists on the fresh seeds (a Tune experiment of its own, resumed like
-        the search's) and return their statistics. Raises ``KeyboardInterrupt`` if the
-        experiment ended before every run finished without a cancel (Tune's own Ctrl-C
-        handling): the study is then resumed later, not reported on partial seed runs."""
-        configs = self.seed_run_configs(outcomes)
+        """Train the finalists on the fresh seeds, then, if their pick is unstable, the
+        reserves (:func:`tuner.seeds.reserves`); return every one's statistics."""
+        budget = self.resolved.spec.budget
+        chosen = finalists(outcomes, self.objective, budget.finalists)
+        stats = self._train_on_seeds(chosen, seeds, self.seed_experiment_path, reserve=False)
+        extra = reserves(outcomes, self.objective, stats, budget.reserve_finalists)
+        if extra and not (self.should_stop is not None and self.should_stop()):
+            log.info(
+                "the pick's seed runs disagree; %d reserve(s) train on the fresh seeds: %s",
+                len(extra),
+                ", ".join(str(o.number) for o in extra),
+            )
+            stats += self._train_on_seeds(extra, seeds, self.reserve_experiment_path, reserve=True)
+        return stats
+
+    def _train_on_seeds(
+        self, chosen: Sequence[TrialOutcome], seeds: list[int], path: Path, *, reserve: bool
+    ) -> list[SeedStats]:
+        """Train ``chosen`` on the fresh seeds (a Tune experiment of its own at ``path``,
+        resumed like the search's) and return their statistics. Raises
+        ``KeyboardInterrupt`` if the experiment ended before every run finished without a
+        cancel (Tune's own Ctrl-C handling): the study is then resumed later, not reported on
+        partial seed runs."""
+        configs = self.seed_run_configs(chosen, reserve=reserve)
         if not configs:
             return []
-        path = self.seed_experiment_path
         key = str(path)
         LIVE_RUNS[key] = LiveRun(callbacks=list(self.seed_callbacks), should_stop=self.should_stop)
         try:
@@ -991,7 +1018,7 @@ class TuningEngine:
                     else:
                         set_aside(path, problem)
                 if tuner is None:
-                    tuner = self._seed_tuner(configs)
+                    tuner = self._seed_tuner(configs, path)
                 grid = _fit(tuner)
         finally:
             LIVE_RUNS.pop(key, None)
@@ -1004,11 +1031,9 @@ class TuningEngine:
         cancelled = bool(self.should_stop is not None and self.should_stop())
         if finished < len(configs) and not cancelled:
             raise KeyboardInterrupt(f"the seed runs ended after {finished} of {len(configs)} runs")
-        chosen = finalists(outcomes, self.objective, self.resolved.spec.budget.finalists)
-        return [seed_stats(f, runs.get(f.number, {}), seeds) for f in chosen]
+        return [seed_stats(f, runs.get(f.number, {}), seeds, reserve=reserve) for f in chosen]
 
-    def _seed_tuner(self, configs: list[dict[str, Any]]) -> tune.Tuner:
-        path = self.seed_experiment_path
+    def _seed_tuner(self, configs: list[dict[str, Any]], path: Path) -> tune.Tuner:
         return tune.Tuner(
             self.trainable,
             param_space=self.common_config(),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from tuner.formatting import format_bytes
@@ -341,6 +341,8 @@ def summarize(
     if robust is not None:
         best = next((o for o in outcomes if o.number == robust.number), best)
         is_baseline = best is not None and best.baseline is not None
+        if best is not None and best.status != "completed":
+            best = _as_trained_whole(best, robust)
     by_number = {s.number: s.to_dict() for s in seed_runs}
     counts: dict[str, int] = {}
     for o in outcomes:
@@ -396,6 +398,22 @@ def summarize(
     return out
 
 
+def _as_trained_whole(stopped: TrialOutcome, stats: SeedStats) -> TrialOutcome:
+    """A reserve the search stopped early, picked on its seed runs: its row shows the whole
+    schedule's figures (means over the completed seed runs), not the stopped run's."""
+    return replace(
+        stopped,
+        val_accuracy=stats.accuracy_mean,
+        steps=None if stats.steps is None else round(stats.steps),
+        samples=None if stats.samples is None else round(stats.samples),
+        wall_time_s=stats.wall_time_s,
+        stop_reason=(
+            f"{stopped.stop_reason or 'stopped early'} in the search; trained whole on the "
+            "fresh seeds as a reserve (its figures here are their means)"
+        ),
+    )
+
+
 def _with_seeds(row: dict[str, Any], by_number: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
     row["seeds"] = by_number.get(row["number"])
     return row
@@ -410,16 +428,13 @@ UNSTABLE_STD: Final = 0.02
 def _instability(robust: SeedStats | None) -> str:
     """A warning when the seed-robust pick is unstable across its fresh seeds (the search run
     was lucky: at a high LR or a large batch, some seeds train and others do not)."""
-    if robust is None:
+    if robust is None or not robust.unstable:
         return ""
-    stats = robust.to_dict()
-    std, accs = stats["val_accuracy_std"], [a for a in stats["val_accuracy"] if a is not None]
-    if std is None or std <= UNSTABLE_STD or not accs:
-        return ""
+    accs = [a for a in robust.accuracies if a is not None]
     return (
         f". Warning: the pick is unstable across seeds (final validation accuracy "
-        f"{min(accs):.4f} to {max(accs):.4f}); raise budget.finalists or budget.seed_runs for "
-        "a safer pick, or narrow the space (a lower space.batch_size.max or "
+        f"{min(accs):.4f} to {max(accs):.4f}); raise budget.finalists, budget.reserve_finalists or "
+        "budget.seed_runs for a safer pick, or narrow the space (a lower space.batch_size.max or "
         "space.lr_multiplier.max)"
     )
 
@@ -434,6 +449,11 @@ def _note(
     if best is None:
         return "no trial completed its run; there is no result"
     on = f" (best mean over {robust} fresh seeds)" if robust else ""
+    if robust and best.status != "completed":
+        on = (
+            f" (best mean over {robust} fresh seeds; stopped early by the search, then "
+            "trained whole on those seeds as a reserve)"
+        )
     if is_baseline:
         tuned = sum(1 for o in outcomes if o.baseline is None and o.eligible)
         if tuned == 0:

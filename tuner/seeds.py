@@ -12,6 +12,14 @@ with the best mean objective value (:func:`pick`); every finalist is reported as
 A seed run that does not complete (diverged, failed, a constraint missed) counts against its
 schedule: finalists are ranked first by how many of their seed runs failed, then by mean.
 
+When the pick proves **unstable** (its fresh seeds disagree: final accuracy spreads more than
+``UNSTABLE_STD``, or a run did not complete), the finalists were likely lucky on the study seed
+and the schedules the search stopped early may hold a safer one (ASHA stops on early evidence).
+Up to ``reserve_finalists`` more tuned schedules then train on the same fresh seeds
+(:func:`reserves`): those whose evidence in the search (their last cooldown-probe score, else
+their last accuracy) beats the pick's mean accuracy, the longest-trained first. The pick is
+then made among all of them.
+
 This module is pure: the engine trains the runs and hands their outcomes here.
 """
 
@@ -23,9 +31,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.objectives import StudyObjective, TrialOutcome, rank_key
+from tuner.objectives import UNSTABLE_STD, StudyObjective, TrialOutcome, rank_key
 
-__all__ = ["SeedStats", "finalists", "fresh_seeds", "pick", "seed_stats", "seed_text"]
+__all__ = [
+    "SeedStats",
+    "finalists",
+    "fresh_seeds",
+    "pick",
+    "reserves",
+    "seed_stats",
+    "seed_text",
+]
 
 # Fresh seeds are the study seed plus multiples of this (a prime, so they do not collide with
 # the small offsets the trainable derives its per-stream seeds from).
@@ -60,10 +76,27 @@ class SeedStats:
     values: tuple[float | None, ...]  # the objective's value per seed; None: run not completed
     accuracies: tuple[float | None, ...]
     compute_epochs: float
+    # Means over the completed seed runs (the figures of the whole schedule, also for a reserve
+    # the search stopped early); None without a completed run.
+    steps: float | None = None
+    samples: float | None = None
+    wall_time_s: float | None = None
+    reserve: bool = False  # trained because the finalists' pick was unstable (see reserves)
 
     @property
     def failed(self) -> int:
         return sum(1 for v in self.values if v is None)
+
+    @property
+    def unstable(self) -> bool:
+        """Its fresh seeds disagree: the final validation accuracy spreads more than
+        :data:`~tuner.objectives.UNSTABLE_STD` (sample std)."""
+        std = self._mean_std(self.accuracies)[1]
+        return std is not None and std > UNSTABLE_STD
+
+    @property
+    def accuracy_mean(self) -> float | None:
+        return self._mean_std(self.accuracies)[0]
 
     @staticmethod
     def _mean_std(xs: Sequence[float | None]) -> tuple[float | None, float | None]:
@@ -95,6 +128,8 @@ class SeedStats:
             "val_accuracy_std": acc_std,
             "failed": self.failed,
             "compute_epochs": round(self.compute_epochs, 3),
+            "steps": self.steps,
+            "reserve": self.reserve,
         }
 
 
@@ -102,11 +137,14 @@ def seed_stats(
     finalist: TrialOutcome,
     runs: Mapping[int, TrialOutcome | None],
     seeds: Sequence[int],
+    *,
+    reserve: bool = False,
 ) -> SeedStats:
     """A finalist's :class:`SeedStats` from its seed runs' outcomes (by seed; a seed with no
     outcome, or an outcome that is not eligible, counts as a failed run)."""
     values: list[float | None] = []
     accuracies: list[float | None] = []
+    done: list[TrialOutcome] = []
     compute = 0.0
     for seed in seeds:
         run = runs.get(seed)
@@ -116,6 +154,13 @@ def seed_stats(
         accuracies.append(run.val_accuracy if run is not None and ok else None)
         if run is not None:
             compute += float(run.extra.get("compute_epochs") or run.epochs_done or 0)
+            if ok:
+                done.append(run)
+
+    def mean_of(xs: Sequence[float | int | None]) -> float | None:
+        known = [float(x) for x in xs if x is not None]
+        return statistics.fmean(known) if known else None
+
     return SeedStats(
         number=finalist.number,
         baseline=finalist.baseline,
@@ -123,7 +168,48 @@ def seed_stats(
         values=tuple(values),
         accuracies=tuple(accuracies),
         compute_epochs=compute,
+        steps=mean_of([r.steps for r in done]),
+        samples=mean_of([r.samples for r in done]),
+        wall_time_s=mean_of([r.wall_time_s for r in done]),
+        reserve=reserve,
     )
+
+
+def _evidence(outcome: TrialOutcome) -> float | None:
+    """What the search learnt of a trial's schedule: its last cooldown-probe score (or, at the
+    run's end, its final accuracy), else its last validation accuracy."""
+    score = outcome.extra.get("score")
+    if isinstance(score, int | float) and not isinstance(score, bool) and math.isfinite(score):
+        return float(score)
+    return outcome.val_accuracy
+
+
+def reserves(
+    outcomes: Sequence[TrialOutcome],
+    objective: StudyObjective,
+    stats: Sequence[SeedStats],
+    n: int,
+) -> list[TrialOutcome]:
+    """Up to ``n`` more tuned trials to train on the fresh seeds when the finalists' pick is
+    unstable (none otherwise): tuned trials that completed or were stopped early, are not
+    finalists yet, and whose evidence (:func:`_evidence`) beats the pick's mean accuracy; the
+    ones trained longest first, then by evidence."""
+    chosen = pick(stats, objective)
+    if n <= 0 or chosen is None or not (chosen.unstable or chosen.failed):
+        return []
+    bar = chosen.accuracy_mean if chosen.accuracy_mean is not None else -math.inf
+    tried = {s.number for s in stats}
+    pool = [
+        o
+        for o in outcomes
+        if o.baseline is None
+        and o.number not in tried
+        and o.status in ("completed", "stopped")
+        and o.feasible
+        and (_evidence(o) or -math.inf) > bar
+    ]
+    pool.sort(key=lambda o: (-o.epochs_done, -(_evidence(o) or 0.0), o.number))
+    return pool[:n]
 
 
 def pick(stats: Sequence[SeedStats], objective: StudyObjective) -> SeedStats | None:
@@ -139,7 +225,7 @@ def pick(stats: Sequence[SeedStats], objective: StudyObjective) -> SeedStats | N
 def seed_text(stats: Mapping[str, Any] | None) -> str:
     """A finalist's seed runs as the CLI and dashboard print them: ``0.9712 ± 0.0021`` (final
     validation accuracy, mean ± std over the fresh seeds), with the runs that did not
-    complete; ``-`` for a trial that was not a finalist."""
+    complete, and ``(reserve)`` for a reserve; ``-`` for a trial that was not a finalist."""
     if not stats:
         return "-"
     mean, std = stats.get("val_accuracy_mean"), stats.get("val_accuracy_std")
@@ -148,4 +234,6 @@ def seed_text(stats: Mapping[str, Any] | None) -> str:
     text = "-" if mean is None else f"{mean:.4f} ± {float(std or 0.0):.4f}"
     if failed:
         text += f" ({failed} of {n} runs did not complete)"
+    if stats.get("reserve"):
+        text += " (reserve)"
     return text

@@ -449,6 +449,17 @@ class Budget(_Model):
         description="Tuned schedules that take part in the seed runs (the best ones by the "
         "search's own run), beside the best baseline.",
     )
+    reserve_finalists: int = Field(
+        strict=True,
+        default=2,
+        ge=0,
+        le=16,
+        description="When the pick's seed runs disagree (final accuracy spreads over 2 points, "
+        "or a run did not complete), up to this many more tuned schedules train on the same "
+        "fresh seeds before the pick: those whose search evidence (last cooldown-probe score, "
+        "else accuracy) beats the pick's mean, schedules the search stopped early included. "
+        "0: never.",
+    )
     max_failures: int = Field(
         strict=True,
         default=1,

@@ -422,6 +422,8 @@ class TrialPrinter(tune.Callback):
         self._done = 0
         self._seed_runs_done = 0
         self._seed_runs_started = False
+        self._reserves_done = 0
+        self._reserves_started = False
         self._console: Any = None
         # Trials started in this run (Tune id -> clones so far): a resume is no new start.
         self._started: dict[str, int] = {}
@@ -458,7 +460,13 @@ class TrialPrinter(tune.Callback):
         self._started[trial.trial_id] = len(lineage)
         seed_run = trial.config.get(SEED_RUN_KEY)
         if isinstance(seed_run, dict):
-            if not self._seed_runs_started:
+            if seed_run.get("reserve") and not self._reserves_started:
+                self._reserves_started = True
+                self.console.print(
+                    "reserves: the pick's fresh seeds disagree; tuned schedules the search "
+                    f"rated above its mean train on the same seeds ({seed_run.get('runs')} runs)"
+                )
+            elif not seed_run.get("reserve") and not self._seed_runs_started:
                 self._seed_runs_started = True
                 self.console.print(
                     f"seed runs: the finalists train again on {seed_run.get('seeds')} fresh "
@@ -481,11 +489,17 @@ class TrialPrinter(tune.Callback):
         r = trial.last_result or {}
         seed_run = trial.config.get(SEED_RUN_KEY)
         if isinstance(seed_run, dict):
-            self._seed_runs_done += 1
+            reserve = bool(seed_run.get("reserve"))
+            done = self._reserves_done if reserve else self._seed_runs_done
+            done += 1
+            if reserve:
+                self._reserves_done = done
+            else:
+                self._seed_runs_done = done
             status, _ = trial_status(self.objective, r, error=error)
             acc = r.get("val_accuracy")
             self.console.print(
-                f"[seed {self._seed_runs_done:>2}/{seed_run.get('runs')}] trial "
+                f"[{'reserve' if reserve else 'seed'} {done:>2}/{seed_run.get('runs')}] trial "
                 f"{meta.number:>3} [{meta.baseline or 'tuned'}] seed {seed_run.get('seed')} "
                 f"{status}: val_accuracy "
                 f"{f'{acc:.4f}' if isinstance(acc, int | float) else '-'}, "

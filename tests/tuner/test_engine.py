@@ -27,6 +27,7 @@ from tuner.engine_search import PriorTrial
 from tuner.noise_candidate import noise_scale_schedule
 from tuner.objectives import StudyObjective, search_text
 from tuner.schedule import Schedule
+from tuner.seeds import fresh_seeds
 from tuner.spec import StudySpec, TaskDefaults
 
 pytestmark = pytest.mark.ray
@@ -108,6 +109,10 @@ def make_fake_trainable() -> type:
             lucky = self.cfg.get("fake_lucky")  # [number, seed]: one lucky run of a schedule
             if lucky and [self.number, self.cfg["seed"]] == list(lucky):
                 self.acc = 0.999
+            # {number: {seed: accuracy}}: a schedule's final accuracy on given seeds.
+            final = self.cfg.get("fake_final", {}).get(str(self.number), {})
+            if self.epoch >= self.schedule.total_epochs and str(self.cfg["seed"]) in final:
+                self.acc = final[str(self.cfg["seed"])]
             time.sleep(float(self.cfg.get("fake_delay_s", 0.02)))
             log = self.cfg.get("fake_log")
             if log:  # one line per trained epoch
@@ -430,6 +435,45 @@ def test_the_result_is_picked_on_fresh_seeds_and_a_rerun_restores_the_seed_runs(
     assert epochs_trained(tmp_path) == trained  # nothing trained again
     assert again.summary["seed_runs"] == seeded
     assert again.summary["best"] == first.summary["best"]
+
+
+def test_an_unstable_pick_sends_the_next_best_schedule_to_the_fresh_seeds(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The search's best run (trial 0) trains well on one fresh seed and fails on the other:
+    its pick is unstable, so the next schedule the search rated above its mean (trial 1) trains
+    on the same fresh seeds as a reserve, and is the result; a rerun restores both."""
+    text = (
+        "task: digits\nschedule: {total_epochs: 2}\nbaselines: false\n"
+        "budget: {trials: 3, early_stopping: false, seed_runs: 2, finalists: 1, "
+        "reserve_finalists: 1}"
+    )
+    seeds = fresh_seeds(0, 2)
+    final = {
+        "fake_final": {
+            "0": {"0": 0.99, str(seeds[0]): 0.95, str(seeds[1]): 0.30},
+            "1": {"0": 0.98, str(seeds[0]): 0.90, str(seeds[1]): 0.91},
+        }
+    }
+    first = engine(tmp_path, text, trial_config=final).run()
+    seeded = first.summary["seed_runs"]
+    assert seeded["search_pick"] == 0
+    rows = {f["number"]: f for f in seeded["finalists"]}
+    assert sorted(rows) == [0, 1]
+    assert not rows[0]["reserve"]
+    assert rows[1]["reserve"]
+    assert rows[0]["val_accuracy"] == [0.95, 0.30]
+    assert rows[1]["val_accuracy"] == [0.90, 0.91]
+    assert seeded["picked"] == first.summary["best"]["number"] == 1
+    assert "Warning" not in first.summary["note"]  # the reserve is stable
+    # 3 search trials, then trial 0 and (as the reserve) trial 1 on both seeds, 2 epochs each.
+    trained = epochs_trained(tmp_path)
+    assert trained[6:] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert first.summary["compute_epochs"] == 3 * 2 + 2 * 2 * 2
+
+    again = engine(tmp_path, text, trial_config=final).run()
+    assert epochs_trained(tmp_path) == trained  # nothing trained again
+    assert again.summary["seed_runs"] == seeded
 
 
 def test_the_noise_scale_candidate_follows_the_small_batch_baselines_measurements(

@@ -3,10 +3,20 @@ which one the study reports."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tuner.objectives import StudyObjective, TrialOutcome, summarize
-from tuner.seeds import SeedStats, finalists, fresh_seeds, pick, seed_stats, seed_text
+from tuner.seeds import (
+    SeedStats,
+    finalists,
+    fresh_seeds,
+    pick,
+    reserves,
+    seed_stats,
+    seed_text,
+)
 from tuner.spec import StudySpec
 
 
@@ -125,6 +135,77 @@ def test_an_unstable_pick_is_reported_with_a_warning() -> None:
     assert summary["note"] == (
         "the result is tuned trial 3 (best mean over 3 fresh seeds). Warning: the pick is "
         "unstable across seeds (final validation accuracy 0.8380 to 0.9870); raise "
-        "budget.finalists or budget.seed_runs for a safer pick, or narrow the space (a lower "
-        "space.batch_size.max or space.lr_multiplier.max)"
+        "budget.finalists, budget.reserve_finalists or budget.seed_runs for a safer pick, or "
+        "narrow the space (a lower space.batch_size.max or space.lr_multiplier.max)"
     )
+
+
+def test_reserves_train_only_when_the_pick_is_unstable() -> None:
+    """When the pick's fresh seeds disagree, the schedules the search rated above its mean
+    (completed or stopped early, the longest-trained first) are the reserves; a stable pick
+    sends none."""
+    obj = objective()
+    shaky = outcome(3, 0.99)
+    stopped_late = _with(outcome(7, 0.97, status="stopped"), epochs_done=3, score=0.978)
+    stopped_early = _with(outcome(8, 0.98, status="stopped"), epochs_done=1, score=0.985)
+    below = outcome(9, 0.90)  # its search run is under the pick's mean
+    failed = _with(outcome(10, 0.99, status="failed"), epochs_done=4)
+    base = outcome(11, 0.995, baseline="small_batch")  # baselines are never reserves
+    pool = [shaky, stopped_late, stopped_early, below, failed, base]
+    unstable = [
+        seed_stats(shaky, {10: outcome(3, 0.98), 11: outcome(3, 0.86), 12: outcome(3, 0.97)}, S)
+    ]
+    assert unstable[0].unstable
+    assert [o.number for o in reserves(pool, obj, unstable, 2)] == [7, 8]
+    assert [o.number for o in reserves(pool, obj, unstable, 1)] == [7]
+    assert reserves(pool, obj, unstable, 0) == []
+    stable = [
+        seed_stats(shaky, {10: outcome(3, 0.98), 11: outcome(3, 0.97), 12: outcome(3, 0.975)}, S)
+    ]
+    assert not stable[0].unstable
+    assert reserves(pool, obj, stable, 2) == []
+    # A seed run that did not complete makes the pick unstable too.
+    broken = [seed_stats(shaky, {10: outcome(3, 0.98), 11: outcome(3, 0.97)}, S)]
+    assert broken[0].failed == 1
+    assert [o.number for o in reserves(pool, obj, broken, 1)] == [7]
+
+
+def test_a_reserve_picked_on_its_seed_runs_reports_the_whole_schedules_figures() -> None:
+    """A reserve the search stopped after 1 epoch wins on the fresh seeds: the result row shows
+    its seed runs' means (accuracy, steps), not the stopped run's, and the note says what it
+    is."""
+    obj = objective()
+    shaky = outcome(3, 0.99)
+    reserve = _with(outcome(8, 0.60, status="stopped", steps=25), epochs_done=1, score=0.985)
+    stats = [
+        seed_stats(shaky, {10: outcome(3, 0.98), 11: outcome(3, 0.70), 12: outcome(3, 0.97)}, S),
+        seed_stats(
+            reserve,
+            {
+                10: outcome(8, 0.975, steps=100),
+                11: outcome(8, 0.977, steps=100),
+                12: outcome(8, 0.976, steps=100),
+            },
+            S,
+            reserve=True,
+        ),
+    ]
+    summary = summarize([shaky, reserve], obj, seed_runs=stats, seeds=S)
+    best = summary["best"]
+    assert best["number"] == 8
+    assert best["val_accuracy"] == pytest.approx(0.976)
+    assert best["steps"] == 100
+    assert "trained whole on the fresh seeds as a reserve" in best["stop_reason"]
+    assert summary["note"] == (
+        "the result is tuned trial 8 (best mean over 3 fresh seeds; stopped early by the "
+        "search, then trained whole on those seeds as a reserve)"
+    )
+    assert summary["seed_runs"]["finalists"][1]["reserve"] is True
+    assert seed_text(summary["best"]["seeds"]) == "0.9760 ± 0.0010 (reserve)"
+
+
+S = [10, 11, 12]
+
+
+def _with(o: TrialOutcome, *, epochs_done: int, score: float | None = None) -> TrialOutcome:
+    return dataclasses.replace(o, epochs_done=epochs_done, extra={**o.extra, "score": score})
