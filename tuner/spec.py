@@ -57,7 +57,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from tuner.errors import ValidationError
+from tuner.errors import ValidationError, field_problems
 from tuner.tasks import check_task_name, task_option_problems
 
 __all__ = [
@@ -850,16 +850,14 @@ def spec_problems(exc: pydantic.ValidationError) -> list[tuple[list[str | int], 
     one. The CLI's one line (:func:`format_validation_error`) and the API's ``details`` are
     both made from this."""
     out = []
-    for err in exc.errors(include_url=False):
-        parts = list(err["loc"])
+    for problem in field_problems(exc):
+        parts = list(problem.loc)
         if len(parts) > 1 and parts[0] == "objective" and parts[1] in _OBJECTIVE_KINDS:
             del parts[1]  # the discriminator's tag, not a field
-        msg = str(err["msg"])
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field" + _did_you_mean([str(p) for p in err["loc"]])
-        elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        out.append((parts, msg, str(err["type"])))
+        msg = problem.message
+        if problem.type == "extra_forbidden":
+            msg = "unknown field" + _did_you_mean([str(p) for p in problem.loc])
+        out.append((parts, msg, problem.type))
     return out
 
 

@@ -22,7 +22,7 @@ import pydantic
 import pydantic_core
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from tuner.errors import ValidationError
+from tuner.errors import ValidationError, field_problems
 from tuner.schedule import Schedule
 
 __all__ = ["TrialConfig", "TrialResources"]
@@ -181,18 +181,14 @@ _REASONS = {
 def _problems(exc: pydantic.ValidationError) -> str:
     """``'key' rule, got value`` per problem, joined with ``; ``."""
     out: list[str] = []
-    for err in exc.errors(include_url=False):
-        loc = [str(p) for p in err["loc"] if p != "[key]"]
+    for problem in field_problems(exc):
+        loc = [str(p) for p in problem.loc if p != "[key]"]
         key = f"'{loc[0]}'" if loc else ""
         if len(loc) > 1:
             key += " " + " ".join(f"[{p}]" for p in loc[1:])
-        kind = str(err["type"])
-        msg = str(err["msg"])
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
+        kind, msg = problem.type, problem.message
         reason = _REASONS.get(kind)
         if reason is None:
-            ctx = err.get("ctx") or {}
             bounds = {
                 "greater_than": ">",
                 "greater_than_equal": ">=",
@@ -200,14 +196,14 @@ def _problems(exc: pydantic.ValidationError) -> str:
                 "less_than_equal": "<=",
             }
             if kind in bounds:
-                reason = f"must be {bounds[kind]} {next(iter(ctx.values()), '')}"
+                reason = f"must be {bounds[kind]} {next(iter(problem.ctx.values()), '')}"
             elif kind == "missing":
                 reason = "is required"
                 if loc == ["schedule"]:
                     reason += " (a Schedule.to_dict() mapping)"
             else:
                 reason = msg
-        got = "" if kind == "missing" or "input" not in err else f", got {err['input']!r}"
+        got = "" if kind == "missing" or not problem.has_input else f", got {problem.input!r}"
         if kind == "value_error" and not loc:
             out.append(msg)
         elif kind == "value_error":
