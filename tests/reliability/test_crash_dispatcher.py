@@ -20,6 +20,9 @@ directory) and must finish the study from what the database holds; or it sees th
 with the saved state files emptied, as a kill during Tune's copy of its state leaves them
 (also seen in the first variant when the kill lands in that copy), and must set the directory
 aside (``study-N.unreadable-<time>``) and finish the study from the database.
+
+A fourth test kills the worker after the search, while the finalists train on fresh seeds:
+the second worker restores the seed runs' own experiment and trains only the runs left.
 """
 
 from __future__ import annotations
@@ -284,3 +287,106 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
             for t in page["items"]:
                 if t["status"] == "failed":
                     assert t["stop_reason"]
+
+
+def finished_seed_runs(ray_dir: Path) -> dict[str, str]:
+    """The seed runs finished so far, as the seed runs' Tune experiment state (saved at every
+    step) records them: Tune trial id -> its last result and start time (JSON), which must
+    not change again."""
+    out: dict[str, str] = {}
+    for path in sorted(ray_dir.glob("study-*.seeds/experiment_state-*.json"))[-1:]:
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being written
+        for trial_text, runtime_text in state["trial_data"]:
+            trial, runtime = json.loads(trial_text), json.loads(runtime_text)
+            last = runtime.get("last_result") or {}
+            if last.get("done"):
+                # Its start time changes if it is run again.
+                seen = {k: last.get(k) for k in ("val_accuracy", "steps", "training_iteration")}
+                out[trial["trial_id"]] = json.dumps({**seen, "start": runtime.get("start_time")})
+    return out
+
+
+def test_a_dispatcher_killed_during_the_seed_runs_is_taken_over_without_retraining_them(
+    ray_session: None, sqlite_url: str, tmp_path: Path
+) -> None:
+    """The search has finished and its finalists are training on fresh seeds when the worker
+    is killed: the second worker restores the seed runs' experiment, trains only the runs
+    that had not finished, and reports the pick on every finalist's full set of seeds."""
+    import ray
+
+    address = ray.get_runtime_context().gcs_address
+    upgrade(sqlite_url)
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    runs = 2 * 2  # finalists x fresh seeds
+    spec = StudySpec.from_dict(
+        {
+            **SPEC,
+            "name": "crash-in-seed-runs",
+            "budget": {
+                **dict(SPEC["budget"]),  # type: ignore[call-overload]
+                "trials": 3,
+                "seed_runs": 2,
+                "finalists": 2,
+                "reserve_finalists": 0,
+            },
+        }
+    )
+    with StudyStore(sqlite_url) as store:
+        study_id = store.create_study(spec.task, spec.to_dict(), 3, name=spec.name).id
+        first = start_worker(sqlite_url, "w-first", data_dir, address, tmp_path / "w1.log", 60)
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                assert first.poll() is None, (tmp_path / "w1.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "no seed run finished in time"
+                before = finished_seed_runs(data_dir / "ray")
+                if 1 <= len(before) < runs:
+                    break
+                time.sleep(0.05)
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(30)
+        before = finished_seed_runs(data_dir / "ray")  # what the kill left
+        assert len(before) < runs, "every seed run had finished before the kill"
+        assert store.get_study(study_id).status is StudyStatus.RUNNING
+        search = finished_rows(store, study_id)
+        assert len(search) == 3  # the search had finished
+
+        second = start_worker(
+            sqlite_url,
+            "w-second",
+            data_dir,
+            address,
+            tmp_path / "w2.log",
+            3,
+            until="--max-studies=1",
+        )
+        try:
+            second.wait(timeout=420)
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.wait(30)
+        log2 = (tmp_path / "w2.log").read_text()
+        assert second.returncode == 0, log2[-4000:]
+        assert "resuming the seed runs" in log2, log2[-4000:]
+        study = store.get_study(study_id)
+        assert study.status is StudyStatus.COMPLETED, (study.error, log2[-4000:])
+        assert study.worker_id == "w-second"
+        assert finished_rows(store, study_id) == search  # no search trial ran again
+        after = finished_seed_runs(data_dir / "ray")
+        assert len(after) == runs, sorted(after)  # one Tune trial per run, none repeated
+        for name, text in before.items():
+            assert after[name] == text, f"seed run {name} trained again after the take-over"
+        summary = study.summary or {}
+        seeded = summary["seed_runs"]
+        assert len(seeded["finalists"]) == 2
+        for finalist in seeded["finalists"]:
+            assert finalist["failed"] == 0
+            assert len(finalist["values"]) == 2
+            assert None not in finalist["values"]
+        assert summary["best"]["number"] == seeded["picked"]
