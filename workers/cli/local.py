@@ -16,16 +16,23 @@ from workers.cli.app import app
 DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "mnist1d.yaml"
 
 
-def _run_spec_file(spec_path: Path, out: Path, database_url: str | None) -> None:
+def _run_spec_file(
+    spec_path: Path, out: Path, database_url: str | None, task_file: Path | None = None
+) -> None:
     from tuner.settings import get_settings
     from tuner.spec import StudySpec
     from workers.runner import tune_spec
 
     if not spec_path.is_file():
         raise typer.BadParameter(f"spec file not found: {spec_path}", param_hint="SPEC")
+    trainable = None
+    if task_file is not None:
+        from workers.tasks.task_file import load_task_file, trainable_with_tasks
+
+        trainable = trainable_with_tasks(load_task_file(task_file))
     spec = StudySpec.from_yaml(spec_path.read_text(encoding="utf-8"))
     settings = get_settings()
-    tune_spec(spec, database_url or settings.resolved_database_url, out)
+    tune_spec(spec, database_url or settings.resolved_database_url, out, trainable=trainable)
 
 
 @app.command()
@@ -38,9 +45,17 @@ def tune(
         str | None,
         typer.Option("--database-url", help="Study database (default: embedded SQLite)."),
     ] = None,
+    task_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--task-file",
+            help="A Python file defining your own task (a workers.tasks.BaseTask subclass); "
+            "the spec's `task` may then name it. Local runs only (docs/own-task.md).",
+        ),
+    ] = None,
 ) -> None:
     """Run a tuning study locally and write the best schedule as YAML."""
-    _run_spec_file(spec, out, database_url)
+    _run_spec_file(spec, out, database_url, task_file)
 
 
 @app.command()
