@@ -1,0 +1,1 @@
+"""An example stagetune task package (see README.md)."""
