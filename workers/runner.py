@@ -95,8 +95,11 @@ def resolve_spec(spec: StudySpec) -> tuple[ResolvedSpec, int]:
 
     Loads the task's data once in this process (cached) to learn its size: constraints on
     steps and mean batch size, and batch sizes larger than the dataset, are checked with it.
+    The task's model is built and run on two samples (``check_model``): a model with the
+    wrong output fails here, naming the task, not in every trial.
     """
     from workers.tasks import get_task
+    from workers.tasks.base import check_model
 
     task = get_task(spec.task)
     task.validate_options(spec.task_options)
@@ -111,6 +114,7 @@ def resolve_spec(spec: StudySpec) -> tuple[ResolvedSpec, int]:
     )
     resolved = spec.resolve(defaults)
     data = task.load_data(spec.task_options, seed=spec.seed)
+    check_model(task, spec.task_options, data)
     return resolved, int(data.num_train)
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 from tuner.errors import ValidationError
 from tuner.spec import StudySpec
 from tuner.store.storage import StudyStore
 from workers.runner import check_spec, tune_spec
+from workers.tasks import BaseTask, TaskData, TaskOptions, register_task, unregister_task
 
 
 def test_task_defaults_and_dataset_size_resolve_the_spec() -> None:
@@ -60,3 +63,59 @@ def test_the_example_specs_can_run(path: Path) -> None:
     resolved, train_size = check_spec(StudySpec.from_yaml(path.read_text(encoding="utf-8")))
     assert resolved.spec.budget.trials > 3
     assert train_size > 0
+
+
+class _Bad(BaseTask[TaskOptions]):
+    """A task whose model is wrong in the way ``kind`` says."""
+
+    description = "a task with a broken model"
+    default_epochs = 2
+    default_base_batch_size = 8
+    default_base_lr = 0.1
+    options_model = TaskOptions
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.name = f"bad-model-{kind}"  # type: ignore[misc]
+
+    def _load(self, opts: TaskOptions, data_seed: int) -> TaskData:
+        x, y = torch.randn(600, 3), torch.arange(600) % 4
+        return TaskData(x, y, x, y, x, y, num_classes=4, input_shape=(3,))
+
+    def _build(self, opts: TaskOptions) -> nn.Module:
+        if self.kind == "build":
+            raise ImportError("No module named 'timm'")
+        if self.kind == "shape":
+            return nn.Linear(3, 5)  # 5 logits for 4 classes
+        if self.kind == "forward":
+            return nn.Linear(4, 4)  # expects 4 input features, gets 3
+        return nn.Linear(3, 4)
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("build", "building its model failed: ImportError: No module named 'timm'"),
+        ("shape", "maps a batch of shape (2, 3) to (2, 5); expected (2, 4) (one logit per class"),
+        ("forward", "its model failed on a batch of shape (2, 3) (2 training samples)"),
+    ],
+)
+def test_a_task_whose_model_cannot_train_is_rejected_before_any_trial(
+    kind: str, message: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    task = register_task(_Bad(kind), replace=True)
+    try:
+        spec = StudySpec.from_dict({"task": task.name})
+        with pytest.raises(ValidationError) as info:
+            tune_spec(spec, sqlite_url, tmp_path / "best.yaml", quiet=True)
+        assert str(info.value).startswith(f"task {task.name!r}: ")
+        assert message in str(info.value)
+        with StudyStore(sqlite_url, create=True) as store:
+            assert store.list_studies().total == 0  # no study was created
+    finally:
+        unregister_task(task.name)
+    good = register_task(_Bad("fine"), replace=True)
+    try:
+        check_spec(StudySpec.from_dict({"task": good.name}))  # the same task, a sound model
+    finally:
+        unregister_task(good.name)

@@ -34,6 +34,7 @@ __all__ = [
     "TaskData",
     "TaskInfo",
     "TaskOptions",
+    "check_model",
     "clear_data_cache",
     "derive_seed",
     "describe_field",
@@ -197,6 +198,41 @@ class TaskInfo:
     default_base_lr: float
     default_optimizer: OptimizerDefaults
     options_schema: dict[str, Any] = field(default_factory=dict)
+
+
+def check_model(task: Task, options: Mapping[str, Any] | None, data: TaskData) -> None:
+    """Build the task's model and run it on two training samples: it must map
+    ``(2, *input_shape)`` to floating-point logits ``(2, num_classes)``. Raises
+    :class:`ValidationError` naming the task and what is wrong, before any trial runs (every
+    trial would fail the same way)."""
+    x = data.train_x[:2]
+    try:
+        model = task.build_model(options)
+    except ValidationError:
+        raise
+    except Exception as exc:
+        raise ValidationError(
+            f"task {task.name!r}: building its model failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        with torch.no_grad():
+            out = model.eval()(x)
+    except Exception as exc:
+        raise ValidationError(
+            f"task {task.name!r}: its model failed on a batch of shape {tuple(x.shape)} "
+            f"(2 training samples): {type(exc).__name__}: {exc}"
+        ) from exc
+    expected = (x.shape[0], data.num_classes)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValidationError(
+            f"task {task.name!r}: its model maps a batch of shape {tuple(x.shape)} to {got}; "
+            f"expected {expected} (one logit per class, num_classes={data.num_classes})"
+        )
+    if not out.is_floating_point():
+        raise ValidationError(
+            f"task {task.name!r}: its model returns {out.dtype} logits; expected floating point"
+        )
 
 
 def task_info(task: Task) -> TaskInfo:
