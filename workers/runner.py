@@ -84,6 +84,23 @@ class StudyResult:
     def best(self) -> TrialOutcome | None:
         return next((o for o in self.outcomes if o.number == self.best_number), None)
 
+    def no_result_reason(self) -> str | None:
+        """Why the study has no result, with the trials' own reasons (the most common first),
+        or ``None`` if it has one (or was cancelled before any trial ended)."""
+        if self.best_number is not None or not self.outcomes:
+            return None
+        reasons: dict[str, int] = {}
+        for o in self.outcomes:
+            reason = f"{o.status}: {o.stop_reason}" if o.stop_reason else o.status
+            reasons[reason] = reasons.get(reason, 0) + 1
+        ranked = sorted(reasons.items(), key=lambda kv: -kv[1])
+        shown = "; ".join(f"{n}x {reason}" for reason, n in ranked[:3])
+        more = f"; and {len(ranked) - 3} other reasons" if len(ranked) > 3 else ""
+        return (
+            f"study {self.study_id} has no result: none of its {len(self.outcomes)} trials "
+            f"completed a run that counts ({shown}{more})"
+        )
+
 
 # --------------------------------------------------------------------------------------------
 # Resolving a spec against its task

@@ -182,3 +182,71 @@ def test_a_bad_task_file_fails_the_command_with_one_line(tmp_path: Path) -> None
     assert done.stderr.startswith("stagetune: error: task file ")
     assert "defines no task" in done.stderr
     assert not (tmp_path / "best-schedule.yaml").exists()
+
+
+BREAKS_IN_TRAINING = """
+class Breaks(BaseTask[TaskOptions]):
+    name = "breaks-in-training"
+    description = "a model that fails on every training step"
+    default_epochs = 2
+    default_base_batch_size = 8
+    default_base_lr = 0.1
+    options_model = TaskOptions
+
+    def _load(self, opts, data_seed):
+        x = torch.randn(64, 3)
+        y = torch.arange(64) % 2
+        return TaskData(x, y, x, y, x, y, num_classes=2, input_shape=(3,))
+
+    def _build(self, opts):
+        return _Broken()
+
+
+class _Broken(nn.Linear):
+    def __init__(self):
+        super().__init__(3, 2)
+
+    def forward(self, x):
+        if self.training:
+            raise RuntimeError("mat1 and mat2 must have the same dtype")
+        return super().forward(x)
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_study_whose_every_trial_fails_ends_with_an_error_saying_why(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The model passes the check before the study (evaluation works) but fails in training:
+    every trial fails with its reason, and the command exits 1 with those reasons instead of
+    reporting success without a schedule."""
+    import ray
+
+    path = write(tmp_path, BREAKS_IN_TRAINING)
+    (tmp_path / "spec.yaml").write_text(
+        "task: breaks-in-training\nbaselines: false\nschedule: {total_epochs: 2}\n"
+        "space: {batch_size: {min: 8, max: 16}}\n"
+        "budget: {trials: 2, seed_runs: 0, early_stopping: false, max_failures: 0}\n",
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGETUNE_")}
+    env.update(
+        STAGETUNE_DATA_DIR=str(tmp_path / "data"),
+        RAY_ADDRESS=ray.get_runtime_context().gcs_address,
+    )
+    done = subprocess.run(
+        [str(STAGETUNE), "tune", "spec.yaml", "--task-file", str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 1, (done.stdout + done.stderr)[-4000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("stagetune: error: study 1 has no result: none of its 2 trials")
+    assert "2x failed: " in last
+    assert "mat1 and mat2 must have the same dtype" in last
+    assert not (tmp_path / "best-schedule.yaml").exists()

@@ -19,6 +19,7 @@ DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "mnist1d.yaml"
 def _run_spec_file(
     spec_path: Path, out: Path, database_url: str | None, task_file: Path | None = None
 ) -> None:
+    from tuner.errors import StagetuneError
     from tuner.settings import get_settings
     from tuner.spec import StudySpec
     from workers.runner import tune_spec
@@ -32,7 +33,12 @@ def _run_spec_file(
         trainable = trainable_with_tasks(load_task_file(task_file))
     spec = StudySpec.from_yaml(spec_path.read_text(encoding="utf-8"))
     settings = get_settings()
-    tune_spec(spec, database_url or settings.resolved_database_url, out, trainable=trainable)
+    result = tune_spec(
+        spec, database_url or settings.resolved_database_url, out, trainable=trainable
+    )
+    reason = result.no_result_reason()
+    if reason is not None:
+        raise StagetuneError(reason)  # exit code 1: the run ended, without a schedule
 
 
 @app.command()
