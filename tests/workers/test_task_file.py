@@ -250,3 +250,36 @@ def test_a_study_whose_every_trial_fails_ends_with_an_error_saying_why(
     assert "2x failed: " in last
     assert "mat1 and mat2 must have the same dtype" in last
     assert not (tmp_path / "best-schedule.yaml").exists()
+
+
+def test_stagetune_tasks_lists_the_tasks_and_checks_a_task_file(tmp_path: Path) -> None:
+    """``stagetune tasks``: the built-ins with their defaults; with ``--task-file``, the file's
+    tasks too, each loaded and its model run once (a dry run before a study), and a broken
+    model is the same one-line error as ``tune`` gives."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(STAGETUNE), "tasks", *args],
+            cwd=tmp_path,
+            env={**os.environ, "COLUMNS": "200", "STAGETUNE_DATA_DIR": str(tmp_path / "d")},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    plain = run()
+    assert plain.returncode == 0, plain.stderr
+    assert "mnist1d: 30 epochs, base batch 32 at LR 0.05, sgd" in plain.stdout
+    assert "my-digits-cnn" not in plain.stdout
+    mine = run("--task-file", str(EXAMPLE / "my_task.py"))
+    assert mine.returncode == 0, mine.stderr
+    assert "options: data_seed=0, channels=16" in mine.stdout
+    assert (
+        "my-digits-cnn: ready; data 1,079 train / 359 val / 359 test samples of shape "
+        "(1, 8, 8), 10 classes; model 9,930 parameters"
+    ) in mine.stdout
+    broken = write(tmp_path, TASK_CLASS.format(name="wrong-out").replace("(3, 2)", "(3, 5)"))
+    bad = run("--task-file", str(broken))
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert bad.stderr.startswith("stagetune: error: task 'wrong-out': its model maps a batch")

@@ -1,4 +1,5 @@
-"""Commands that tune on this machine: ``tune`` (a spec file) and ``demo`` (a built-in spec).
+"""Commands that tune on this machine: ``tune`` (a spec file), ``demo`` (a built-in spec), and
+``tasks`` (the tasks a study may name; with ``--task-file``, a dry run of the file's tasks).
 
 Both use the embedded default: a SQLite database under the data directory and a local Ray
 instance (or the cluster ``RAY_ADDRESS`` points at).
@@ -72,3 +73,60 @@ def demo(
 ) -> None:
     """Tune a real schedule for the mnist1d task in a few minutes and print it."""
     _run_spec_file(DEMO_SPEC, out, None)
+
+
+def _options_text(schema: dict[str, object]) -> str:
+    props = schema.get("properties")
+    if not isinstance(props, dict) or not props:
+        return "-"
+    parts = []
+    for name, field in props.items():
+        default = field.get("default", "required") if isinstance(field, dict) else "?"
+        parts.append(f"{name}={default}")
+    return ", ".join(parts)
+
+
+@app.command()
+def tasks(
+    task_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--task-file",
+            help="Also list the tasks of this Python file, and check each: load its data and "
+            "run its model on two samples (what `tune --task-file` does before a study).",
+        ),
+    ] = None,
+) -> None:
+    """List the tasks a study may name, with their defaults and options."""
+    from rich.console import Console
+
+    from workers.tasks import list_tasks
+    from workers.tasks.base import check_model
+
+    checked = []
+    if task_file is not None:
+        from workers.tasks.task_file import load_task_file
+
+        for task in load_task_file(task_file):
+            data = task.load_data(None, seed=0)
+            check_model(task, None, data)
+            params = sum(p.numel() for p in task.build_model(None).parameters())
+            checked.append(
+                f"{task.name}: ready; data {data.num_train:,} train / {data.num_val:,} val / "
+                f"{data.num_test:,} test samples of shape {tuple(data.input_shape)}, "
+                f"{data.num_classes} classes; model {params:,} parameters"
+            )
+    console = Console(highlight=False)
+    for info in list_tasks():
+        opt = info.default_optimizer
+        console.print(
+            f"[bold]{info.name}[/bold]: {info.default_epochs} epochs, base batch "
+            f"{info.default_base_batch_size} at LR {info.default_base_lr:g}, {opt.name} "
+            f"(momentum {opt.momentum:g}, weight decay {opt.weight_decay:g})"
+        )
+        console.print(f"  {info.description}")
+        console.print(f"  options: {_options_text(info.options_schema)}")
+    for line in checked:
+        console.print(line)
+    if task_file is None:
+        console.print("your own task: stagetune tasks --task-file my_task.py (docs/own-task.md)")
