@@ -304,8 +304,8 @@ def test_every_command_has_help() -> None:
 
 
 ALL_COMMANDS = (
-    "", "submit", "status", "cancel", "delete", "export", "replay", "tune", "demo", "worker",
-    "serve",
+    "", "submit", "status", "cancel", "delete", "export", "replay", "tune", "demo", "tasks",
+    "worker", "serve",
 )  # fmt: skip
 
 
