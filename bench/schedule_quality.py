@@ -408,9 +408,13 @@ def _tune(
     seed_note = ""
     if seeded:
         stats = picked.get("seeds") or {}
+        rows = seeded.get("finalists") or ()
+        reserves = sum(1 for f in rows if f.get("reserve"))
+        among = f"{len(rows) - reserves} finalists" + (
+            f" and {reserves} reserve(s) (the finalists' pick was unstable)" if reserves else ""
+        )
         seed_note = (
-            f"; picked on {len(seeded.get('seeds') or ())} fresh seeds among "
-            f"{len(seeded.get('finalists') or ())} finalists (val "
+            f"; picked on {len(seeded.get('seeds') or ())} fresh seeds among {among} (val "
             f"{100 * (stats.get('val_accuracy_mean') or 0):.2f} +/- "
             f"{100 * (stats.get('val_accuracy_std') or 0):.2f}%, seed runs "
             f"{float(seeded.get('compute_epochs') or 0):.0f} trial-epochs; the search's "
