@@ -41,10 +41,11 @@ typecheck: $(STAMP)
 
 # Two pytest processes side by side: the tests that train or run studies (markers ray, slow)
 # one after another in one, as in a single run (they are sized for the machine's 2 cores and
-# share one Ray instance); everything else in the other, whose report follows when both end.
+# share one Ray instance); everything else in the other, at a lower priority (nice) since the
+# training run is the longer one and sets the time; its report follows when both end.
 test: $(STAMP) system-deps lint typecheck
 	@tmp=$$(mktemp -d); \
-	$(BIN)/pytest -m "not ray and not slow" --basetemp="$$tmp/quick" >"$$tmp/quick.log" 2>&1 & \
+	nice -n 10 $(BIN)/pytest -m "not ray and not slow" --basetemp="$$tmp/quick" >"$$tmp/quick.log" 2>&1 & \
 	quick=$$!; \
 	$(BIN)/pytest -m "ray or slow" --basetemp="$$tmp/training"; training=$$?; \
 	wait $$quick; quick=$$?; \
