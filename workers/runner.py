@@ -85,9 +85,14 @@ class StudyResult:
         return next((o for o in self.outcomes if o.number == self.best_number), None)
 
     def no_result_reason(self) -> str | None:
-        """Why the study has no result, with the trials' own reasons (the most common first),
-        or ``None`` if it has one (or was cancelled before any trial ended)."""
-        if self.best_number is not None or not self.outcomes:
+        """Why the completed study has no result, with the trials' own reasons (the most
+        common first); ``None`` if it has one, or if it did not complete (a cancel, a failure
+        and a hand-back have their own messages)."""
+        if (
+            self.best_number is not None
+            or not self.outcomes
+            or self.status is not StudyStatus.COMPLETED
+        ):
             return None
         reasons: dict[str, int] = {}
         for o in self.outcomes:
