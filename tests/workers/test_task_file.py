@@ -184,23 +184,11 @@ def test_a_bad_task_file_fails_the_command_with_one_line(tmp_path: Path) -> None
     assert not (tmp_path / "best-schedule.yaml").exists()
 
 
-BREAKS_IN_TRAINING = """
-class Breaks(BaseTask[TaskOptions]):
-    name = "breaks-in-training"
-    description = "a model that fails on every training step"
-    default_epochs = 2
-    default_base_batch_size = 8
-    default_base_lr = 0.1
-    options_model = TaskOptions
-
-    def _load(self, opts, data_seed):
-        x = torch.randn(64, 3)
-        y = torch.arange(64) % 2
-        return TaskData(x, y, x, y, x, y, num_classes=2, input_shape=(3,))
-
-    def _build(self, opts):
-        return _Broken()
-
+BREAKS_IN_TRAINING = (
+    TASK_CLASS.format(name="breaks-in-training").replace(
+        "return nn.Linear(3, 2)", "return _Broken()"
+    )
+    + """
 
 class _Broken(nn.Linear):
     def __init__(self):
@@ -211,6 +199,7 @@ class _Broken(nn.Linear):
             raise RuntimeError("mat1 and mat2 must have the same dtype")
         return super().forward(x)
 """
+)
 
 
 @pytest.mark.ray

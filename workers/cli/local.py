@@ -109,8 +109,7 @@ def tasks(
 
         for task in load_task_file(task_file):
             data = task.load_data(None, seed=0)
-            check_model(task, None, data)
-            params = sum(p.numel() for p in task.build_model(None).parameters())
+            params = sum(p.numel() for p in check_model(task, None, data).parameters())
             checked.append(
                 f"{task.name}: ready; data {data.num_train:,} train / {data.num_val:,} val / "
                 f"{data.num_test:,} test samples of shape {tuple(data.input_shape)}, "

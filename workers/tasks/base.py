@@ -200,11 +200,11 @@ class TaskInfo:
     options_schema: dict[str, Any] = field(default_factory=dict)
 
 
-def check_model(task: Task, options: Mapping[str, Any] | None, data: TaskData) -> None:
+def check_model(task: Task, options: Mapping[str, Any] | None, data: TaskData) -> nn.Module:
     """Build the task's model and run it on two training samples: it must map
-    ``(2, *input_shape)`` to floating-point logits ``(2, num_classes)``. Raises
-    :class:`ValidationError` naming the task and what is wrong, before any trial runs (every
-    trial would fail the same way)."""
+    ``(2, *input_shape)`` to floating-point logits ``(2, num_classes)``. Returns the model;
+    raises :class:`ValidationError` naming the task and what is wrong, before any trial runs
+    (every trial would fail the same way)."""
     x = data.train_x[:2]
     try:
         model = task.build_model(options)
@@ -233,6 +233,7 @@ def check_model(task: Task, options: Mapping[str, Any] | None, data: TaskData) -
         raise ValidationError(
             f"task {task.name!r}: its model returns {out.dtype} logits; expected floating point"
         )
+    return model
 
 
 def task_info(task: Task) -> TaskInfo:
