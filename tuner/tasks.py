@@ -18,6 +18,7 @@ accepts them too.
 
 from __future__ import annotations
 
+import re
 import threading
 import types
 import typing
@@ -35,21 +36,32 @@ from tuner.errors import NotFoundError, StagetuneError, ValidationError
 from tuner.task_paths import check_data_path, path_fields
 
 __all__ = [
+    "CLASSIFICATION_METRICS",
     "ENTRY_POINT_GROUP",
     "OPTIONS_ENTRY_POINT_GROUP",
+    "MetricDirection",
     "OptionProblem",
     "available_tasks",
     "check_task_name",
     "describe_field",
+    "metric_declaration",
     "option_problems",
     "options_model",
     "register_task_name",
+    "task_metrics",
     "task_option_problems",
     "unregister_task_name",
     "validate_task_options",
 ]
 
 ENTRY_POINT_GROUP: Final = "stagetune.tasks"
+MetricDirection = Literal["max", "min"]
+#: A task's metrics when it declares none: classification's (accuracy and cross-entropy).
+CLASSIFICATION_METRICS: Final[Mapping[str, MetricDirection]] = {
+    "val_accuracy": "max",
+    "val_loss": "min",
+}
+_METRIC_NAME: Final = re.compile(r"^val_[a-z][a-z0-9_]{0,39}$")
 OPTIONS_ENTRY_POINT_GROUP: Final = "stagetune.task_options"
 
 _lock = threading.RLock()
@@ -129,6 +141,49 @@ def options_model(task: str) -> type[BaseModel] | None:
     with _lock:
         _loaded_models[key] = model
     return model
+
+
+# --------------------------------------------------------------------------------------------
+# metrics
+
+
+def metric_declaration(
+    task: str, model: type[BaseModel] | None
+) -> tuple[dict[str, MetricDirection], str]:
+    """The validation metrics a task declares on its options model (``metrics``: ``val_<name>``
+    -> ``"max"`` / ``"min"``; ``primary_metric``) and its primary one; classification's
+    (``val_accuracy`` max, ``val_loss`` min) when it declares none.
+
+    Raises :class:`StagetuneError` naming what is wrong with a declaration (a task's bug, not
+    the user's input): ``val_loss`` is required (the loop detects divergence with it)."""
+    declared = getattr(model, "metrics", None) if model is not None else None
+    primary = getattr(model, "primary_metric", None) if model is not None else None
+    if declared is None:
+        return dict(CLASSIFICATION_METRICS), "val_accuracy"
+    where = f"task {task!r} declares metrics {dict(declared)!r}"
+    if not isinstance(declared, Mapping) or not declared:
+        raise StagetuneError(f"{where}: expected a non-empty mapping of names to 'max' / 'min'")
+    metrics: dict[str, MetricDirection] = {}
+    for name, direction in declared.items():
+        if not isinstance(name, str) or not _METRIC_NAME.match(name):
+            raise StagetuneError(
+                f"{where}: metric {name!r} must be named val_<name> (lower case, digits, _)"
+            )
+        if direction not in ("max", "min"):
+            raise StagetuneError(f"{where}: {name!r} has direction {direction!r}; use max or min")
+        metrics[name] = direction
+    if "val_loss" not in metrics:
+        raise StagetuneError(f"{where}: val_loss (min) must be one of them")
+    primary = primary if primary is not None else "val_loss"
+    if primary not in metrics:
+        raise StagetuneError(f"{where}: its primary_metric {primary!r} is not one of them")
+    return metrics, primary
+
+
+def task_metrics(task: str) -> tuple[dict[str, MetricDirection], str]:
+    """:func:`metric_declaration` of a registered task (without importing its training code);
+    :class:`NotFoundError` for an unknown task."""
+    return metric_declaration(task, options_model(task))
 
 
 # --------------------------------------------------------------------------------------------

@@ -53,7 +53,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
 
 from tuner.errors import StagetuneError, ValidationError
 from tuner.schedule import BatchPlacement, PlacementError, Schedule, place, place_batch
@@ -61,7 +60,7 @@ from tuner.step_plan import epoch_order, epoch_steps, split_step
 from tuner.trial_config import TrialConfig
 from workers.gang import WorkerContext
 from workers.noise_scale import NoiseScaleEstimator
-from workers.tasks import Task, TaskData, evaluate_totals, get_task, register_task
+from workers.tasks import Task, TaskData, evaluate_sums, get_task, register_task
 
 __all__ = [
     "LARS",
@@ -257,6 +256,7 @@ class TrialWorker:
         self._noise = NoiseScaleEstimator(beta=spec.noise_scale_ema)
         self._micro_batch = spec.micro_batch
         self._oom_retries = 0
+        self._eval_keys: list[str] | None = None
         self._steps = 0
         self._samples = 0
         self._wall_time = 0.0
@@ -356,9 +356,9 @@ class TrialWorker:
             self._speed = local_samples / compute_s
 
         eval_started = time.perf_counter()
-        val_loss, val_acc = self._evaluate()
+        metrics = self._evaluate()
         eval_time = time.perf_counter() - eval_started
-        if val_loss is None:
+        if metrics["val_loss"] is None:
             self._diverged = True
         probe: dict[str, Any] = {}
         done = epoch + 1
@@ -376,8 +376,7 @@ class TrialWorker:
             "samples": self._samples,
             "steps_in_epoch": applied,
             "train_loss": loss_sum / applied if applied else None,
-            "val_loss": val_loss,
-            "val_accuracy": val_acc,
+            **metrics,
             "epoch_time_s": epoch_time,
             "eval_time_s": eval_time,
             "samples_per_s": epoch_samples / epoch_time if epoch_time > 0 else 0.0,
@@ -424,9 +423,9 @@ class TrialWorker:
             logits = self._model(x)
         if logits.dtype in (torch.bfloat16, torch.float16):
             logits = logits.float()
-        loss = F.cross_entropy(
-            logits, y, reduction="sum", label_smoothing=spec.schedule.label_smoothing
-        ) / float(global_batch)
+        loss = self._task.loss(logits, y, label_smoothing=spec.schedule.label_smoothing) / float(
+            global_batch
+        )
         torch.autograd.backward(loss)
         return loss.detach()
 
@@ -562,8 +561,9 @@ class TrialWorker:
         A run at a high LR or a large batch shows its progress only once its LR decays (Hägele
         et al. 2024): the probe's accuracy predicts where the run ends, mid-run accuracy does
         not. The probe's data order is its own stream (seed, 3, epochs_done), so the main run's
-        permutations are untouched. Returns ``probe_val_accuracy``, ``probe_val_loss`` (None if
-        the probe diverged), ``probe_steps``, ``probe_epochs`` (its length in epochs of the
+        permutations are untouched. Returns ``probe_`` + each of the task's metrics
+        (``probe_val_accuracy``, ``probe_val_loss``, ...; None if the probe diverged),
+        ``probe_steps``, ``probe_epochs`` (its length in epochs of the
         stage) and ``probe_time_s``."""
         spec = self._require()
         schedule = spec.schedule
@@ -575,8 +575,7 @@ class TrialWorker:
         steps = max(1, round(spec.probe_fraction * epochs_done * per_epoch))
         generator = torch.Generator().manual_seed(_seed(spec.seed, 3, epochs_done))
         saved = self._snapshot()
-        val_loss: float | None = None
-        val_acc: float | None = None
+        metrics: dict[str, float | None] = dict.fromkeys(self._task.metrics)
         try:
             perm = torch.randperm(n, generator=generator).to(self.device)
             k = j = 0
@@ -597,14 +596,13 @@ class TrialWorker:
                 k += 1
                 j += 1
             if finite:
-                val_loss, val_acc = self._evaluate()
-                if val_loss is None:
-                    val_acc = None
+                measured = self._evaluate()
+                if measured["val_loss"] is not None:
+                    metrics = measured
         finally:
             self._restore(saved)
         return {
-            "probe_val_accuracy": val_acc,
-            "probe_val_loss": val_loss,
+            **{f"probe_{name}": value for name, value in metrics.items()},
             "probe_steps": steps,
             "probe_epochs": steps / per_epoch,
             "probe_time_s": time.perf_counter() - started,
@@ -673,7 +671,7 @@ class TrialWorker:
         def once() -> None:
             with self._autocast():
                 logits = model(x)
-            torch.autograd.backward(F.cross_entropy(logits.float(), y, reduction="sum"))
+            torch.autograd.backward(self._task.loss(logits.float(), y))
 
         try:
             once()
@@ -703,8 +701,10 @@ class TrialWorker:
                     dist.all_reduce(buf, op=dist.ReduceOp.SUM)
                     buf.div_(self.world_size)
 
-    def _evaluate(self) -> tuple[float | None, float]:
-        """Sharded validation: ``(mean cross-entropy or None if not finite, accuracy)``."""
+    def _evaluate(self) -> dict[str, float | None]:
+        """Sharded validation: the task's metrics (``val_<name>``) from its summed
+        ``eval_sums`` over every rank's shard; ``val_loss`` is None if it is not finite (the
+        trial diverged), as is any other metric that is not finite."""
         spec = self._require()
         self._sync_buffers()
         nv = self._data.num_val
@@ -716,7 +716,7 @@ class TrialWorker:
         while True:
             try:
                 with self._autocast():
-                    loss_sum, correct, count = evaluate_totals(self._model, x, y, batch)
+                    sums, count = evaluate_sums(self._task.eval_sums, self._model, x, y, batch)
                 break
             except torch.OutOfMemoryError:
                 if self.device.type == "cuda":
@@ -724,14 +724,34 @@ class TrialWorker:
                 if batch == 1:
                     raise
                 batch = max(1, batch // 2)
-        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=self.device)
+        keys = self._eval_keys
+        if keys is None:  # the same on every rank: a rank with an empty shard asks the task
+            if not sums and self._data.num_val > 0:
+                one = self._data.val_x[:1], self._data.val_y[:1]
+                with self._autocast():
+                    sums = dict.fromkeys(
+                        evaluate_sums(self._task.eval_sums, self._model, *one)[0], 0.0
+                    )
+            keys = sorted(sums)
+            self._eval_keys = keys
+        totals = torch.tensor(
+            [*(sums.get(k, 0.0) for k in keys), count], dtype=torch.float64, device=self.device
+        )
         if self.world_size > 1:
             dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-        loss_total, correct_total, count_total = totals.tolist()
+        values = totals.tolist()
+        count_total = int(values[-1])
+        names_ = list(self._task.metrics)
         if count_total <= 0:
-            return None, 0.0
-        mean_loss = loss_total / count_total
-        return (mean_loss if math.isfinite(mean_loss) else None), correct_total / count_total
+            return dict.fromkeys(names_)
+        computed = self._task.metrics_from_sums(
+            dict(zip(keys, values[:-1], strict=True)), count_total
+        )
+        result: dict[str, float | None] = {}
+        for name in names_:
+            value = float(computed[name.removeprefix("val_")])
+            result[name] = value if math.isfinite(value) else None
+        return result
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -13,13 +13,16 @@ to it at submission and again when the worker loads the data.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tuner.task_paths import DataPath
+from tuner.tasks import CLASSIFICATION_METRICS
 
 __all__ = [
+    "CLASSIFICATION_METRICS",
     "MAX_TOTAL_VALUES",
     "Cifar10Options",
     "DigitsOptions",
@@ -35,9 +38,18 @@ class TaskOptions(BaseModel):
     ``data_seed`` fixes the data (generation, split) so that every trial of a study sees the
     same data whatever its own seed; ``None`` derives the data from the seed passed to
     ``load_data`` instead.
+
+    The model also carries the task's torch-free declaration of its validation metrics:
+    ``metrics`` maps each metric the task reports every epoch (``val_<name>``) to its
+    direction (``"max"`` or ``"min"``), ``primary_metric`` is the one a study optimises when
+    its objective names none. ``val_loss`` is always declared (a non-finite validation loss
+    means the trial diverged). The default is classification's (accuracy and cross-entropy).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metrics: ClassVar[Mapping[str, Literal["max", "min"]]] = CLASSIFICATION_METRICS
+    primary_metric: ClassVar[str] = "val_accuracy"
 
     data_seed: int | None = Field(
         default=0,

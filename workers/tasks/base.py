@@ -12,7 +12,7 @@ import json
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -24,21 +24,25 @@ from torch import nn
 
 from tuner.errors import ValidationError
 from tuner.task_paths import check_data_path, path_fields
-from tuner.tasks import describe_field
+from tuner.tasks import describe_field, metric_declaration
 from workers.task_options import TaskOptions
 
 __all__ = [
     "BaseTask",
+    "MetricDirection",
     "OptimizerDefaults",
     "Task",
     "TaskData",
     "TaskInfo",
     "TaskOptions",
     "check_model",
+    "classification_sums",
     "clear_data_cache",
     "derive_seed",
     "describe_field",
     "evaluate",
+    "evaluate_metrics",
+    "evaluate_sums",
     "evaluate_totals",
     "parse_options",
     "set_data_cache_size",
@@ -46,15 +50,20 @@ __all__ = [
 ]
 
 Split = Literal["train", "val", "test"]
+MetricDirection = Literal["max", "min"]
 
 
 @dataclass(frozen=True)
 class TaskData:
     """A task's dataset as tensors, on the CPU as loaded (move it with :meth:`to`).
 
-    ``*_x`` are floating-point inputs of shape ``(N, *input_shape)`` ready for the model;
-    ``*_y`` are int64 class indices in ``[0, num_classes)``. ``test_*`` is a split tuning never
-    sees (benchmarks only); tuning reads ``train_*`` and ``val_*``.
+    ``*_x`` are the model's inputs of shape ``(N, *input_shape)`` and ``*_y`` the targets its
+    loss compares the output with, one row per sample. A classification task (``num_classes``
+    set: the default protocol, cross-entropy and accuracy) has floating-point inputs and int64
+    class indices in ``[0, num_classes)``. Any other task (``num_classes=None``) defines its own
+    :meth:`BaseTask.loss` and evaluation, and its tensors may be of any dtype and shape (token
+    ids and next tokens, noisy and clean image patches, ...). ``test_*`` is a split tuning
+    never sees (benchmarks only); tuning reads ``train_*`` and ``val_*``.
 
     Loaded data is cached and shared between callers in the process: never modify these tensors
     in place (index them, or copy first).
@@ -66,19 +75,25 @@ class TaskData:
     val_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
-    num_classes: int
+    num_classes: int | None
     input_shape: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        if self.num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
+        if self.num_classes is not None and self.num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2 (or None), got {self.num_classes}")
         splits: tuple[Split, ...] = ("train", "val", "test")
         for split in splits:
             x, y = self.split(split)
-            if not x.is_floating_point():
-                raise ValueError(f"{split}_x must be floating point, got {x.dtype}")
-            if y.dtype != torch.int64 or y.dim() != 1:
-                raise ValueError(f"{split}_y must be a 1-D int64 tensor, got {y.dtype} {y.shape}")
+            if self.num_classes is not None:
+                if not x.is_floating_point():
+                    raise ValueError(f"{split}_x must be floating point, got {x.dtype}")
+                if y.dtype != torch.int64 or y.dim() != 1:
+                    raise ValueError(
+                        f"{split}_y must be a 1-D int64 tensor of class indices, "
+                        f"got {y.dtype} {tuple(y.shape)}"
+                    )
+            elif y.dim() == 0:
+                raise ValueError(f"{split}_y must have one row per sample, got a scalar")
             if x.shape[0] != y.shape[0]:
                 raise ValueError(f"{split}_x has {x.shape[0]} rows but {split}_y {y.shape[0]}")
             if tuple(x.shape[1:]) != tuple(self.input_shape):
@@ -186,6 +201,36 @@ class Task(Protocol):
         """Training-time augmentation of one batch (on its device); identity when none."""
         ...
 
+    @property
+    def metrics(self) -> Mapping[str, MetricDirection]:
+        """The validation metrics the task reports (``val_<name>`` -> ``"max"`` / ``"min"``)."""
+        ...
+
+    @property
+    def primary_metric(self) -> str:
+        """The metric a study optimises when its objective names none."""
+        ...
+
+    def loss(
+        self, output: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0
+    ) -> torch.Tensor:
+        """The training loss of a batch as the **sum** over its samples of each sample's loss
+        (a scalar tensor): the loop divides by the global batch, so a step's gradient is the
+        mean over the global batch however the batch is split between workers."""
+        ...
+
+    def eval_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Sums over one evaluation batch (scalar tensors, names of the task's choosing): the
+        workers' sums over their shards of the split are added up before
+        :meth:`metrics_from_sums`."""
+        ...
+
+    def metrics_from_sums(self, sums: Mapping[str, float], count: int) -> dict[str, float]:
+        """Every declared metric, named without its ``val_`` prefix, from the split's summed
+        :meth:`eval_sums` over ``count`` samples (the same function gives benchmarks'
+        ``test_`` figures)."""
+        ...
+
 
 @dataclass(frozen=True)
 class TaskInfo:
@@ -198,14 +243,18 @@ class TaskInfo:
     default_base_lr: float
     default_optimizer: OptimizerDefaults
     options_schema: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, MetricDirection] = field(default_factory=dict)
+    primary_metric: str = "val_accuracy"
 
 
 def check_model(task: Task, options: Mapping[str, Any] | None, data: TaskData) -> nn.Module:
-    """Build the task's model and run it on two training samples: it must map
-    ``(2, *input_shape)`` to floating-point logits ``(2, num_classes)``. Returns the model;
-    raises :class:`ValidationError` naming the task and what is wrong, before any trial runs
-    (every trial would fail the same way)."""
+    """Build the task's model, run it on two training samples and evaluate the task's loss and
+    metrics on its output. Returns the model; raises :class:`ValidationError` naming the task
+    and what is wrong (a model that does not build or run, logits of the wrong shape for a
+    classification task, a loss that is not a finite scalar, a declared metric the task does
+    not compute), before any trial runs (every trial would fail the same way)."""
     x = data.train_x[:2]
+    y = data.train_y[:2]
     try:
         model = task.build_model(options)
     except ValidationError:
@@ -222,18 +271,55 @@ def check_model(task: Task, options: Mapping[str, Any] | None, data: TaskData) -
             f"task {task.name!r}: its model failed on a batch of shape {tuple(x.shape)} "
             f"(2 training samples): {type(exc).__name__}: {exc}"
         ) from exc
-    expected = (x.shape[0], data.num_classes)
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if not isinstance(out, torch.Tensor):
         raise ValidationError(
-            f"task {task.name!r}: its model maps a batch of shape {tuple(x.shape)} to {got}; "
-            f"expected {expected} (one logit per class, num_classes={data.num_classes})"
+            f"task {task.name!r}: its model returns {type(out).__name__}; expected a tensor"
         )
+    if data.num_classes is not None:
+        expected = (x.shape[0], data.num_classes)
+        if tuple(out.shape) != expected:
+            raise ValidationError(
+                f"task {task.name!r}: its model maps a batch of shape {tuple(x.shape)} to "
+                f"{tuple(out.shape)}; expected {expected} (one logit per class, "
+                f"num_classes={data.num_classes})"
+            )
     if not out.is_floating_point():
         raise ValidationError(
-            f"task {task.name!r}: its model returns {out.dtype} logits; expected floating point"
+            f"task {task.name!r}: its model returns {out.dtype} outputs; expected floating point"
         )
+    _check_loss_and_metrics(task, out, y)
     return model
+
+
+def _check_loss_and_metrics(task: Task, out: torch.Tensor, y: torch.Tensor) -> None:
+    where = f"on the model's output {tuple(out.shape)} and targets {tuple(y.shape)}"
+    try:
+        loss = task.loss(out.float(), y)
+    except Exception as exc:
+        raise ValidationError(
+            f"task {task.name!r}: its loss failed {where}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValidationError(
+            f"task {task.name!r}: its loss {where} is {got}; expected a scalar tensor (the sum "
+            "of the batch's per-sample losses)"
+        )
+    if not torch.isfinite(loss):
+        raise ValidationError(f"task {task.name!r}: its loss {where} is {float(loss)}")
+    try:
+        sums = {k: float(v) for k, v in task.eval_sums(out.float(), y).items()}
+        values = task.metrics_from_sums(sums, int(y.shape[0]))
+    except Exception as exc:
+        raise ValidationError(
+            f"task {task.name!r}: its evaluation failed {where}: {type(exc).__name__}: {exc}"
+        ) from exc
+    missing = [m for m in task.metrics if m.removeprefix("val_") not in values]
+    if missing:
+        raise ValidationError(
+            f"task {task.name!r}: metrics_from_sums returns {sorted(values)} but the task "
+            f"declares {', '.join(missing)} (return each declared metric without its val_ prefix)"
+        )
 
 
 def task_info(task: Task) -> TaskInfo:
@@ -245,6 +331,8 @@ def task_info(task: Task) -> TaskInfo:
         default_base_lr=task.default_base_lr,
         default_optimizer=task.default_optimizer,
         options_schema=task.options_model.model_json_schema(),
+        metrics=dict(task.metrics),
+        primary_metric=task.primary_metric,
     )
 
 
@@ -423,6 +511,31 @@ class BaseTask(ABC, Generic[OptionsT]):
     ) -> torch.Tensor:
         return x
 
+    # The metric declaration lives on the options model (torch-free, read by the API too).
+
+    @property
+    def metrics(self) -> Mapping[str, MetricDirection]:
+        return metric_declaration(self.name, self.options_model)[0]
+
+    @property
+    def primary_metric(self) -> str:
+        return metric_declaration(self.name, self.options_model)[1]
+
+    # Classification by default: cross-entropy, accuracy. Override all three for another kind.
+
+    def loss(
+        self, output: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0
+    ) -> torch.Tensor:
+        return nn.functional.cross_entropy(
+            output, target, reduction="sum", label_smoothing=label_smoothing
+        )
+
+    def eval_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        return classification_sums(output, target)
+
+    def metrics_from_sums(self, sums: Mapping[str, float], count: int) -> dict[str, float]:
+        return {"loss": sums["loss"] / count, "accuracy": sums["correct"] / count}
+
     def _fingerprint(self, opts: OptionsT) -> Hashable:
         """Extra cache-key part, e.g. the stats of files the data is read from."""
         return ()
@@ -438,7 +551,7 @@ class BaseTask(ABC, Generic[OptionsT]):
 
 
 # --------------------------------------------------------------------------------------------
-# evaluation (classification with cross-entropy, for every built-in task)
+# evaluation: the task's sums over a split, its metrics from them
 
 
 def _model_device(model: nn.Module) -> torch.device | None:
@@ -449,14 +562,19 @@ def _model_device(model: nn.Module) -> torch.device | None:
     return None
 
 
-def evaluate_totals(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
-) -> tuple[float, int, int]:
-    """``(summed cross-entropy, correct predictions, samples)`` over ``(x, y)``.
+def evaluate_sums(
+    sums_of: Callable[[torch.Tensor, torch.Tensor], Mapping[str, torch.Tensor]],
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int = 1024,
+) -> tuple[dict[str, float], int]:
+    """``sums_of(output, target)`` (a task's :meth:`~Task.eval_sums`) added up over
+    ``(x, y)`` in batches, and the sample count: sums rather than means so that data-parallel
+    workers can all-reduce their shards'.
 
-    Sums rather than means so that data-parallel workers can all-reduce their shards' totals.
     The model is run in eval mode without gradients and put back in its previous mode; batches
-    move to the model's device when they are elsewhere.
+    move to the model's device when they are elsewhere. Outputs are cast to float32 first.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -465,8 +583,7 @@ def evaluate_totals(
     device = _model_device(model)
     was_training = model.training
     model.eval()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
+    totals: dict[str, torch.Tensor] = {}
     try:
         with torch.no_grad():
             for start in range(0, x.shape[0], batch_size):
@@ -475,18 +592,55 @@ def evaluate_totals(
                 if device is not None and xb.device != device:
                     xb = xb.to(device, non_blocking=True)
                     yb = yb.to(device, non_blocking=True)
-                logits = model(xb).float()
-                loss_sum += nn.functional.cross_entropy(logits, yb, reduction="sum").double()
-                correct += (logits.argmax(dim=1) == yb).sum()
+                sums = sums_of(model(xb).float(), yb)
+                for key, value in sums.items():
+                    value = value.detach().double()
+                    totals[key] = totals[key] + value if key in totals else value
     finally:
         model.train(was_training)
-    return float(loss_sum.item()), int(correct.item()), int(x.shape[0])
+    return {k: float(v.item()) for k, v in totals.items()}, int(x.shape[0])
+
+
+def evaluate_metrics(
+    task: Task,
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    split: str = "val",
+    batch_size: int = 1024,
+) -> dict[str, float]:
+    """The task's metrics of ``model`` on ``(x, y)``, named ``<split>_<metric>`` (e.g.
+    ``test_psnr``); NaN for every metric of an empty split."""
+    sums, count = evaluate_sums(task.eval_sums, model, x, y, batch_size)
+    names = [m.removeprefix("val_") for m in task.metrics]
+    if count == 0:
+        return {f"{split}_{name}": float("nan") for name in names}
+    values = task.metrics_from_sums(sums, count)
+    return {f"{split}_{name}": float(values[name]) for name in names}
+
+
+def classification_sums(output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Summed cross-entropy and correct predictions of a batch of logits."""
+    return {
+        "loss": nn.functional.cross_entropy(output, target, reduction="sum"),
+        "correct": (output.argmax(dim=1) == target).sum(),
+    }
+
+
+def evaluate_totals(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
+) -> tuple[float, int, int]:
+    """Classification: ``(summed cross-entropy, correct predictions, samples)`` over ``(x, y)``."""
+    sums, count = evaluate_sums(classification_sums, model, x, y, batch_size)
+    return sums.get("loss", 0.0), int(sums.get("correct", 0)), count
 
 
 def evaluate(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
 ) -> tuple[float, float]:
-    """``(mean cross-entropy, accuracy)`` of ``model`` on ``(x, y)``; ``(nan, nan)`` if empty."""
+    """Classification: ``(mean cross-entropy, accuracy)`` on ``(x, y)``; ``(nan, nan)`` if
+    empty."""
     loss_sum, correct, count = evaluate_totals(model, x, y, batch_size)
     if count == 0:
         return float("nan"), float("nan")
