@@ -239,8 +239,10 @@ def _page_data(
 ) -> tuple[datetime, dict[str, Any]]:
     """The page data and the server time it was read at."""
     # Trials and curves first, the study last: the header's counts are never behind the rows.
+    # The metric from the spec first (it never changes), so curves and trials agree.
+    metric = dd.study_metric(store.get_study(study_id).spec)[0]
     trials = _all_trials(store, study_id)
-    curves = store.accuracy_curves(study_id)
+    curves = store.metric_curves(study_id, metric)
     study = store.get_study(study_id)
     now = datetime.now(UTC)
     small = next((t for t in trials if t.baseline == "small_batch"), None)
@@ -256,7 +258,7 @@ def _page_data(
         now=now,
         since=since,
         noise=dd.NoiseCurve(small.number, noise) if small is not None else None,
-        origins=store.epoch_origins(study_id),
+        origins=store.epoch_origins(study_id, metric),
     )
     data["links"] = {
         "study_api": f"{API_PREFIX}/studies/{study_id}",

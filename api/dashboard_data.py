@@ -24,7 +24,13 @@ from typing import Any, Final
 
 from tuner.errors import ValidationError
 from tuner.formatting import format_duration
-from tuner.objectives import compare, objective_values, search_text
+from tuner.objectives import (
+    compare,
+    metric_words,
+    objective_metric,
+    objective_values,
+    search_text,
+)
 from tuner.schedule import Schedule, schedule_summary
 from tuner.seeds import seed_text
 from tuner.store import (
@@ -53,12 +59,14 @@ __all__ = [
     "format_duration",
     "format_objective",
     "is_live",
+    "metric_format",
     "objective_info",
     "param_importance",
     "schedule_picture",
     "schedule_summary",
     "search_lane",
     "study_header",
+    "study_metric",
     "study_page_data",
     "study_row",
     "trial_row",
@@ -98,13 +106,29 @@ def _finite(value: float | None, digits: int | None = None) -> float | None:
     return round(value, digits) if digits is not None else float(value)
 
 
+def metric_format(name: str) -> str:
+    """How a value named ``name`` is shown: ``percent`` (an accuracy), ``db`` (a PSNR),
+    ``duration`` (wall time), ``count`` (steps) or ``number``; the page formats the same way."""
+    if "accuracy" in name:
+        return "percent"
+    if "psnr" in name:
+        return "db"
+    if "wall_time" in name:
+        return "duration"
+    if "steps" in name:
+        return "count"
+    return "number"
+
+
 def format_objective(value: float | None, name: str) -> str:
-    """An objective value as a person reads it: accuracy as a percentage, steps as a count,
-    wall time as a duration."""
+    """An objective value as a person reads it: accuracy as a percentage, a PSNR in dB, steps
+    as a count, wall time as a duration, any other metric (a loss) to 4 significant digits."""
     if value is None or not math.isfinite(value):
         return "—"
     if "accuracy" in name:
         return f"{value * 100:.2f}%"
+    if "psnr" in name:
+        return f"{value:.2f} dB"
     if "wall_time" in name:
         return format_duration(value)
     if "steps" in name:
@@ -115,32 +139,67 @@ def format_objective(value: float | None, name: str) -> str:
 # -- objective ------------------------------------------------------------------------------
 
 
-def objective_info(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The study's objective from its spec: kind, value names, directions, cost and a label."""
+def study_metric(
+    spec: Mapping[str, Any], summary: Mapping[str, Any] | None = None
+) -> tuple[str, str]:
+    """The study's metric and its direction (``"max"`` / ``"min"``): as the engine wrote them
+    in the summary, else from the spec and the task's declaration (a queued or running
+    study); validation accuracy for a study stored before studies named a metric."""
+    raw = spec.get("objective")
+    objective: dict[str, Any] = dict(raw) if isinstance(raw, Mapping) else {}
+    written = (summary or {}).get("objective")
+    if isinstance(written, Mapping):
+        for key in ("metric", "metric_direction"):
+            if written.get(key) is not None:
+                objective[key] = written[key]
+    task = spec.get("task")
+    return objective_metric(objective, task if isinstance(task, str) else None)
+
+
+def objective_info(
+    spec: Mapping[str, Any], summary: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The study's objective from its spec: kind, value names, directions, cost, the metric
+    (name, direction, words, how to format it) and a label."""
     raw = spec.get("objective")
     objective: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     kind = str(objective.get("kind") or "accuracy")
     cost = str(objective.get("cost") or "steps")
     cost_text = "wall time" if cost == "wall_time" else "steps"
-    names, directions = (list(v) for v in objective_values(kind, cost))
+    metric, direction = study_metric(spec, summary)
+    words = metric_words(metric)
+    names, directions = (list(v) for v in objective_values(kind, cost, metric, direction))
+    common = {
+        "kind": kind,
+        "names": names,
+        "directions": directions,
+        "metric": metric,
+        "metric_direction": direction,
+        "metric_label": words,
+        "metric_format": metric_format(metric),
+    }
     if kind == "time_to_accuracy":
         target = objective.get("target_accuracy")
-        target_text = f"{target * 100:.1f}%" if isinstance(target, int | float) else "the target"
+        if target is None:
+            target = objective.get("target")
+        if not isinstance(target, int | float):
+            target_text = "the target"
+        elif metric == "val_accuracy":
+            target_text = f"{target * 100:.1f}%"
+        else:
+            target_text = format_objective(float(target), metric)
         return {
-            "kind": kind,
-            "names": names,
-            "directions": directions,
+            **common,
             "cost": cost,
-            "target_accuracy": target,
-            "label": f"minimise {cost_text} to reach {target_text} validation accuracy",
+            "target": target,
+            "target_accuracy": target if metric == "val_accuracy" else None,
+            "label": f"minimise {cost_text} to reach {target_text} {words}",
         }
     if kind == "pareto":
         return {
-            "kind": kind,
-            "names": names,
-            "directions": directions,
+            **common,
             "cost": cost,
-            "label": f"Pareto front of validation accuracy against {cost_text}",
+            "label": f"Pareto front of {words} against {cost_text}",
         }
     constraints = []
     if objective.get("max_mean_batch_size") is not None:
@@ -149,16 +208,11 @@ def objective_info(spec: Mapping[str, Any]) -> dict[str, Any]:
         constraints.append(f"mean batch ≥ {objective['min_mean_batch_size']:g}")
     if objective.get("max_steps") is not None:
         constraints.append(f"steps ≤ {objective['max_steps']:,}")
-    label = "maximise final validation accuracy"
+    way = "minimise" if direction == "min" else "maximise"
+    label = f"{way} final {words}"
     if constraints:
         label += " with " + ", ".join(constraints)
-    return {
-        "kind": "accuracy",
-        "names": names,
-        "directions": directions,
-        "cost": "steps",
-        "label": label,
-    }
+    return {**common, "kind": "accuracy", "cost": "steps", "label": label}
 
 
 # -- studies page ---------------------------------------------------------------------------
@@ -191,7 +245,7 @@ def best_detail(study: StudyRecord) -> str | None:
 
 def study_row(study: StudyRecord, now: datetime) -> dict[str, Any]:
     """One row of the studies page."""
-    objective = objective_info(study.spec)
+    objective = objective_info(study.spec, study.summary)
     name = objective["names"][0]
     budget = max(1, study.budget)
     return {
@@ -295,8 +349,9 @@ def schedule_picture(document: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def trial_row(trial: TrialRecord) -> dict[str, Any]:
-    """One trial as the page uses it (table row, chart point)."""
+def trial_row(trial: TrialRecord, metric: str = "val_accuracy") -> dict[str, Any]:
+    """One trial as the page uses it (table row, chart point); ``metric_value`` is the final
+    value of the study's ``metric``."""
     return {
         "number": trial.number,
         "baseline": trial.baseline,
@@ -306,6 +361,7 @@ def trial_row(trial: TrialRecord) -> dict[str, Any]:
         "summary": trial.schedule_summary or schedule_summary(trial.schedule),
         "val_accuracy": _finite(trial.val_accuracy),
         "val_loss": _finite(trial.val_loss),
+        "metric_value": _finite(trial.metric(metric)),
         "steps": trial.steps,
         "wall_time_s": _finite(trial.wall_time_s, 3),
         "mean_batch_size": _finite(trial.mean_batch_size, 3),
@@ -316,26 +372,38 @@ def trial_row(trial: TrialRecord) -> dict[str, Any]:
 
 
 Curve = Sequence[tuple[int, float | None]]
-"""A learning curve: ``(epoch index, validation accuracy)`` by epoch."""
+"""A learning curve: ``(epoch index, value of the study's metric)`` by epoch."""
 
 
-def curves_of(metrics: Mapping[int, Sequence[EpochMetrics]]) -> dict[int, Curve]:
-    """The learning curves in :meth:`StudyStore.study_metrics`'s answer, by trial number."""
-    return {number: [(m.epoch, m.val_accuracy) for m in ms] for number, ms in metrics.items()}
+def curves_of(
+    metrics: Mapping[int, Sequence[EpochMetrics]], metric: str = "val_accuracy"
+) -> dict[int, Curve]:
+    """The learning curves of ``metric`` in :meth:`StudyStore.study_metrics`'s answer, by
+    trial number."""
+
+    def value(m: EpochMetrics) -> float | None:
+        if metric == "val_accuracy":
+            return m.val_accuracy
+        if metric == "val_loss":
+            return m.val_loss
+        v = m.extra.get(metric)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    return {number: [(m.epoch, value(m)) for m in ms] for number, ms in metrics.items()}
 
 
 def compact_curve(curve: Curve) -> dict[str, list[Any]]:
     """A learning curve as columns: ``epoch`` counts epochs trained (epoch index + 1, so it
-    lines up with the schedule picture's epoch axis), ``acc`` the validation accuracy after
-    it (5 decimals; ``None`` where not reported: the store keeps non-finite values as
-    ``NULL``)."""
+    lines up with the schedule picture's epoch axis), ``value`` the study metric's value
+    after it (6 significant digits; ``None`` where not reported: the store keeps non-finite
+    values as ``NULL``)."""
     return {
         "epoch": [epoch + 1 for epoch, _ in curve],
-        "acc": [None if acc is None else round(acc, 5) for _, acc in curve],
+        "value": [None if v is None else float(f"{v:.6g}") for _, v in curve],
     }
 
 
-_COMPARED_KEYS: Final = ("val_accuracy", "steps", "wall_time_s", "mean_batch_size")
+_COMPARED_KEYS: Final = ("val_accuracy", "metric_value", "steps", "wall_time_s", "mean_batch_size")
 
 
 def _comparison_row(source: Mapping[str, Any], role: str) -> dict[str, Any]:
@@ -350,7 +418,7 @@ def _comparison_row(source: Mapping[str, Any], role: str) -> dict[str, Any]:
     for key in _COMPARED_KEYS:
         value = source.get(key)
         row[key] = value if isinstance(value, int | float) and not isinstance(value, bool) else None
-    # A finalist's seed runs (see tuner.seeds): its accuracy over the fresh seeds.
+    # A finalist's seed runs (see tuner.seeds): its metric over the fresh seeds.
     seeds = source.get("seeds")
     row["seeds_text"] = seed_text(seeds) if isinstance(seeds, Mapping) else None
     row["seed_count"] = len(seeds.get("seeds") or ()) if isinstance(seeds, Mapping) else None
@@ -359,12 +427,13 @@ def _comparison_row(source: Mapping[str, Any], role: str) -> dict[str, Any]:
 
 def comparison_rows(study: StudyRecord, trials: Iterable[TrialRecord]) -> list[dict[str, Any]]:
     """The best schedule against each baseline: the best row first, then one per baseline
-    with ``vs_best`` (accuracy difference best - baseline, and best / baseline ratios of
+    with ``vs_best`` (metric and accuracy differences best - baseline, best / baseline ratios of
     steps, wall time and mean batch). From the study summary when the engine wrote one,
     else from the trials themselves (while the study runs); without a best trial yet, the
     finished baselines alone (``vs_best`` ``None``). A baseline that is the best trial is
     only the best row."""
     summary = study.summary or {}
+    metric = study_metric(study.spec, summary)[0]
     best_doc = summary.get("best")
     baselines_doc = summary.get("baselines")
     if isinstance(best_doc, Mapping) and isinstance(baselines_doc, list):
@@ -381,7 +450,7 @@ def comparison_rows(study: StudyRecord, trials: Iterable[TrialRecord]) -> list[d
             by_number.get(study.best_trial_number) if study.best_trial_number is not None else None
         )
         bases = [
-            _comparison_row(trial_row(t), "baseline")
+            _comparison_row(trial_row(t, metric), "baseline")
             for t in sorted(by_number.values(), key=lambda t: t.number)
             if t.baseline is not None and t.status is not TrialStatus.RUNNING
         ]
@@ -390,7 +459,7 @@ def comparison_rows(study: StudyRecord, trials: Iterable[TrialRecord]) -> list[d
                 base["vs_best"] = None
                 base["is_best"] = False
             return bases
-        best = _comparison_row(trial_row(best_trial), "best")
+        best = _comparison_row(trial_row(best_trial, metric), "best")
     rows = [best]
     for base in bases:
         if base["number"] == best["number"]:
@@ -493,8 +562,8 @@ def search_lane(
     """One trial's lane of the search view: its epochs as segments ``[start, end, kind,
     from]`` (``kind`` ``own``: trained by the trial; ``fork``: a shared prefix it forked from,
     trained once by trial ``from``; ``clone``: PBT copied trial ``from``'s state), its cooldown
-    probes ``[epoch, accuracy]`` (epochs counted like the curves: after epoch k is k + 1), and
-    ``origin``, the same in words."""
+    probes ``[epoch, value of the metric]`` (epochs counted like the curves: after epoch k is
+    k + 1), and ``origin``, the same in words."""
     parent: int | None = None
     forked = max((o.forked_epochs for o in origins if o.cloned_from is None), default=0)
     if forked:
@@ -523,7 +592,7 @@ def search_lane(
     return {
         "segments": segments,
         "probes": [
-            [o.epoch + 1, round(o.probe, 5)]
+            [o.epoch + 1, float(f"{o.probe:.6g}")]
             for o in origins
             if o.probe is not None and math.isfinite(o.probe)
         ],
@@ -560,13 +629,14 @@ def study_page_data(
     counts = {s.value: 0 for s in TrialStatus}
     for t in trials:
         counts[t.status.value] += 1
+    metric = study_metric(study.spec, study.summary)[0]
     return {
         "version": 1,
         "incremental": since is not None,
         "study": study_header(study, now),
         "counts": counts,
         "trial_total": len(by_number),
-        "trials": [trial_row(t) for t in shown],
+        "trials": [trial_row(t, metric) for t in shown],
         "curves": {str(t.number): compact_curve(curves.get(t.number, ())) for t in shown},
         "schedules": pictures,
         "noise_scale": None if noise is None else noise.to_dict(),
@@ -606,7 +676,7 @@ def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
     half) differs from its distribution in all of them. It handles the conditional space
     (``share_2`` only exists with three stages and more) and takes well under a second on
     1,000 trials, where fANOVA takes minutes. Tuned trials with a result: completed ones, and
-    (single objective) those ASHA stopped, at the accuracy of their last reported epoch (the
+    (single objective) those ASHA stopped, at the metric of their last reported epoch (the
     note says how many of each); baselines are not Optuna trials, and those the engine told
     as infeasible (never trained) are left out. Returns ``{"available": False, "note": why}``
     when the database has no Optuna tables, the study has no Optuna study, or it has fewer
@@ -630,7 +700,7 @@ def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
         loaded = optuna.load_study(study_name=name, storage=storage)
         directions = loaded.directions
         # (params, distributions, values) of each usable trial: completed ones with their
-        # values; for a single objective also those ASHA stopped, at the accuracy of the last
+        # values; for a single objective also those ASHA stopped, at the metric of the last
         # epoch they reported (their score when the search let them go).
         usable: list[tuple[dict[str, Any], dict[str, Any], list[float]]] = []
         stopped = 0
@@ -713,7 +783,7 @@ def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
         )
     best_n = max(1, round(top * len(usable)))
     which = f"{completed} completed" + (
-        f" and {stopped} stopped early (at their last epoch's accuracy)" if stopped else ""
+        f" and {stopped} stopped early (at their last epoch's metric)" if stopped else ""
     )
     return {
         "available": True,

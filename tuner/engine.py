@@ -362,6 +362,7 @@ def outcome_of(
         stop_reason=reason,
         epochs_done=done if isinstance(done, int) else 0,
         val_accuracy=num("val_accuracy"),
+        metric_value=objective.metric_of(result),
         steps=None if steps is None else int(steps),
         samples=None if samples is None else int(samples),
         wall_time_s=num("wall_time_s"),
@@ -664,6 +665,8 @@ class TuningEngine:
             probes["prefix_store_bytes"] = spec.budget.prefix_store_mb * 2**20
         return {
             **probes,
+            "metric": self.objective.metric,
+            "metric_mode": self.objective.metric_direction,
             "task": spec.task,
             "task_options": dict(spec.task_options),
             "seed": spec.seed,
@@ -810,8 +813,9 @@ class TuningEngine:
             time_attr="training_iteration",
             # With probes the trainable reports ``score`` at the rungs (the probe's accuracy)
             # and at the run's end (its own); ASHA sees no other epoch's result.
+            # ``score`` is the metric oriented so that larger is better.
             metric="score" if self.probes else metric,
-            mode="max",
+            mode="max" if self.probes else self.objective.scheduler_mode,
             max_t=self.resolved.total_epochs,
             grace_period=budget.grace_period_epochs,
             reduction_factor=budget.reduction_factor,
@@ -1031,7 +1035,11 @@ class TuningEngine:
         cancelled = bool(self.should_stop is not None and self.should_stop())
         if finished < len(configs) and not cancelled:
             raise KeyboardInterrupt(f"the seed runs ended after {finished} of {len(configs)} runs")
-        return [seed_stats(f, runs.get(f.number, {}), seeds, reserve=reserve) for f in chosen]
+        metric = self.objective.metric
+        return [
+            seed_stats(f, runs.get(f.number, {}), seeds, reserve=reserve, metric=metric)
+            for f in chosen
+        ]
 
     def _seed_tuner(self, configs: list[dict[str, Any]], path: Path) -> tune.Tuner:
         return tune.Tuner(

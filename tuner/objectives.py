@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from tuner.errors import StagetuneError
 from tuner.formatting import format_bytes
 from tuner.spec import (
     AccuracyObjective,
@@ -35,6 +36,7 @@ from tuner.spec import (
     StudySpec,
     TimeToAccuracyObjective,
 )
+from tuner.tasks import MetricDirection
 
 __all__ = [
     "ObjectiveSpec",
@@ -81,15 +83,57 @@ def _number(result: Mapping[str, Any], key: str) -> float | None:
 
 
 def objective_values(
-    kind: str, cost: str = "steps"
+    kind: str, cost: str = "steps", metric: str = "val_accuracy", metric_direction: str = "max"
 ) -> tuple[tuple[str, ...], tuple[Direction, ...]]:
-    """The names and directions of an objective's values, from its ``kind`` and ``cost``
-    (the one rule: the engine, Optuna's study and the dashboard read them from here)."""
+    """The names and directions of an objective's values, from its ``kind``, ``cost`` and
+    metric (the one rule: the engine, Optuna's study and the dashboard read them from here)."""
+    direction: Direction = "minimize" if metric_direction == "min" else "maximize"
     if kind == "time_to_accuracy":
         return (f"{cost}_to_target",), ("minimize",)
     if kind == "pareto":
-        return ("val_accuracy", cost), ("maximize", "minimize")
-    return ("val_accuracy",), ("maximize",)
+        return (metric, cost), (direction, "minimize")
+    return (metric,), (direction,)
+
+
+def objective_metric(spec: Mapping[str, Any], task: str | None = None) -> tuple[str, str]:
+    """The metric and its direction (``"max"`` / ``"min"``) of a stored study: the summary's
+    objective (``metric``, ``metric_direction``) when it has them, else the spec's, resolved
+    with the task's declaration; validation accuracy (max) for studies stored before metrics
+    were declared."""
+    metric = spec.get("metric")
+    direction = spec.get("metric_direction")
+    if isinstance(metric, str) and direction in ("max", "min"):
+        return metric, direction
+    if task is not None:
+        from tuner.tasks import task_metrics
+
+        try:
+            declared, primary = task_metrics(task)
+        except StagetuneError:
+            return "val_accuracy", "max"
+        name = metric if isinstance(metric, str) else None
+        if name is None and spec.get("target_accuracy") is not None:
+            name = "val_accuracy"
+        name = name or primary
+        if name in declared:
+            return name, declared[name]
+    return "val_accuracy", "max"
+
+
+def metric_words(metric: str) -> str:
+    """``val_accuracy`` -> ``validation accuracy``, ``val_psnr`` -> ``validation psnr``."""
+    return "validation " + metric.removeprefix("val_").replace("_", " ")
+
+
+def better(value: float, other: float, direction: str) -> bool:
+    """Whether ``value`` is strictly better than ``other`` for a metric of ``direction``."""
+    return value < other if direction == "min" else value > other
+
+
+def signed(value: float, direction: str) -> float:
+    """``value`` oriented so that larger is better (a ``min`` metric negated): what ASHA,
+    PBT and the trainable's ``score`` compare."""
+    return -value if direction == "min" else value
 
 
 @dataclass(frozen=True)
@@ -98,10 +142,18 @@ class StudyObjective:
 
     spec: ObjectiveSpec
     total_epochs: int
+    metric: str = "val_accuracy"
+    metric_direction: MetricDirection = "max"
 
     @classmethod
     def of(cls, spec: StudySpec, total_epochs: int) -> StudyObjective:
-        return cls(spec=spec.objective, total_epochs=total_epochs)
+        metric, direction = spec.objective_metric()
+        return cls(
+            spec=spec.objective,
+            total_epochs=total_epochs,
+            metric=metric,
+            metric_direction=direction,
+        )
 
     # ------------------------------------------------------------------ description
 
@@ -112,11 +164,29 @@ class StudyObjective:
     @property
     def names(self) -> tuple[str, ...]:
         """Names of the objective values (as stored in ``objective_values`` and Optuna)."""
-        return objective_values(self.spec.kind, getattr(self.spec, "cost", "steps"))[0]
+        return self._values()[0]
 
     @property
     def directions(self) -> tuple[Direction, ...]:
-        return objective_values(self.spec.kind, getattr(self.spec, "cost", "steps"))[1]
+        return self._values()[1]
+
+    def _values(self) -> tuple[tuple[str, ...], tuple[Direction, ...]]:
+        cost = getattr(self.spec, "cost", "steps")
+        return objective_values(self.spec.kind, cost, self.metric, self.metric_direction)
+
+    @property
+    def metric_label(self) -> str:
+        """``"val_loss (min)"``: the metric and its direction, for messages."""
+        return f"{self.metric} ({self.metric_direction})"
+
+    def metric_of(self, result: Mapping[str, Any], prefix: str = "") -> float | None:
+        """The metric's value in a report (``prefix="probe_"``: the cooldown probe's), if
+        finite."""
+        return _number(result, prefix + self.metric)
+
+    def score_of(self, value: float | None) -> float | None:
+        """A metric value oriented so that larger is better (what schedulers compare)."""
+        return None if value is None else signed(value, self.metric_direction)
 
     @property
     def is_multi(self) -> bool:
@@ -125,7 +195,11 @@ class StudyObjective:
     @property
     def scheduler_metric(self) -> str | None:
         """The metric ASHA compares at its rungs (``None``: no early stopping)."""
-        return None if self.is_multi else "val_accuracy"
+        return None if self.is_multi else self.metric
+
+    @property
+    def scheduler_mode(self) -> Literal["max", "min"]:
+        return self.metric_direction
 
     @property
     def cost_key(self) -> str | None:
@@ -136,11 +210,14 @@ class StudyObjective:
     # ------------------------------------------------------------------ per trial
 
     def reached_target(self, result: Mapping[str, Any]) -> bool:
-        """Time-to-accuracy: whether this report reaches the target accuracy."""
+        """Time-to-target: whether this report's metric reaches the target value."""
         if not isinstance(self.spec, TimeToAccuracyObjective):
             return False
-        acc = _number(result, "val_accuracy")
-        return acc is not None and acc >= self.spec.target_accuracy
+        value = self.metric_of(result)
+        target = self.spec.target_value
+        return value is not None and (
+            value == target or better(value, target, self.metric_direction)
+        )
 
     def is_finished_run(self, result: Mapping[str, Any]) -> bool:
         """Whether the trial's run is complete after this report (all epochs or target)."""
@@ -148,8 +225,8 @@ class StudyObjective:
 
     def values(self, result: Mapping[str, Any]) -> tuple[float, ...] | None:
         """The objective value(s) of a trial whose last report is ``result``; ``None`` when the
-        report lacks what they need (no accuracy, no cost)."""
-        acc = _number(result, "val_accuracy")
+        report lacks what they need (no metric, no cost)."""
+        acc = self.metric_of(result)
         if acc is None:
             return None
         if isinstance(self.spec, AccuracyObjective):
@@ -165,7 +242,11 @@ class StudyObjective:
             return (cost,)
         done = max(1, epochs_done(result))
         projected = cost * self.total_epochs / done
-        shortfall = max(0.0, self.spec.target_accuracy - acc)
+        # How far from the target, relative to it for a metric larger than 1 in size (an
+        # accuracy's shortfall stays in points of 1).
+        target = self.spec.target_value
+        gap = acc - target if self.metric_direction == "min" else target - acc
+        shortfall = max(0.0, gap) / max(1.0, abs(target))
         return (self.spec.penalty_factor * projected * (1.0 + shortfall),)
 
     def infeasible_values(self) -> tuple[float, ...]:
@@ -195,7 +276,7 @@ def trial_status(
     if result.get("diverged"):
         return "diverged", f"the loss became non-finite in epoch {done}"
     if objective.reached_target(result):
-        return "completed", f"reached the target accuracy after {done} epoch(s)"
+        return "completed", f"reached the target {objective.metric} after {done} epoch(s)"
     if done >= objective.total_epochs:
         return "completed", f"trained all {objective.total_epochs} epochs"
     return "stopped", f"stopped early after {done} of {objective.total_epochs} epochs"
@@ -217,6 +298,7 @@ class TrialOutcome:
     stop_reason: str | None = None
     epochs_done: int = 0
     val_accuracy: float | None = None
+    metric_value: float | None = None  # the study metric's last value (the objective's)
     steps: int | None = None
     samples: int | None = None
     wall_time_s: float | None = None
@@ -245,6 +327,8 @@ class TrialOutcome:
             "stop_reason": self.stop_reason,
             "epochs_done": self.epochs_done,
             "val_accuracy": self.val_accuracy,
+            "metric": objective.metric,
+            "metric_value": self.metric_value,
             "steps": self.steps,
             "samples": self.samples,
             "wall_time_s": self.wall_time_s,
@@ -353,13 +437,15 @@ def summarize(
             "names": list(objective.names),
             "directions": list(objective.directions),
             **objective.spec.model_dump(mode="json"),
+            "metric": objective.metric,
+            "metric_direction": objective.metric_direction,
         },
         "trials": {"total": len(outcomes), **counts},
         "best": None if best is None else _with_seeds(best.to_dict(objective), by_number),
         "best_schedule": None if best is None else best.schedule,
         "best_is_baseline": is_baseline,
         "note": _note(best, is_baseline, outcomes, robust=len(seeds) if robust else 0)
-        + _instability(robust),
+        + _instability(robust, objective.metric),
         "baselines": [],
         "seed_runs": None,
     }
@@ -377,11 +463,12 @@ def summarize(
         if best is not None:
             row["vs_best"] = compare(best_row, row)
             if robust is not None and base.number in by_number:
-                mine = by_number[base.number]["val_accuracy_mean"]
-                theirs = by_number[robust.number]["val_accuracy_mean"]
-                row["vs_best"]["accuracy_mean_delta"] = (
-                    None if mine is None or theirs is None else theirs - mine
-                )
+                mine = by_number[base.number]["metric_mean"]
+                theirs = by_number[robust.number]["metric_mean"]
+                delta = None if mine is None or theirs is None else theirs - mine
+                row["vs_best"]["metric_mean_delta"] = delta
+                if objective.metric == "val_accuracy":
+                    row["vs_best"]["accuracy_mean_delta"] = delta
         out["baselines"].append(row)
     # Tuned trials the engine built (the noise-scale candidate), compared like the baselines.
     out["candidates"] = []
@@ -403,7 +490,8 @@ def _as_trained_whole(stopped: TrialOutcome, stats: SeedStats) -> TrialOutcome:
     schedule's figures (means over the completed seed runs), not the stopped run's."""
     return replace(
         stopped,
-        val_accuracy=stats.accuracy_mean,
+        metric_value=stats.accuracy_mean,
+        val_accuracy=stats.accuracy_mean if stats.metric == "val_accuracy" else None,
         steps=None if stats.steps is None else round(stats.steps),
         samples=None if stats.samples is None else round(stats.samples),
         wall_time_s=stats.wall_time_s,
@@ -421,18 +509,18 @@ def _with_seeds(row: dict[str, Any], by_number: Mapping[int, dict[str, Any]]) ->
 
 #: A pick whose final validation accuracy spreads more than this over the fresh seeds (sample
 #: std, 2 points) gets a warning in the study's note: seed noise on the built-in tasks is
-#: 0.1-0.5 point.
+#: 0.1-0.5 point. For a metric larger than 1 in size the bound is relative to its mean (2 %).
 UNSTABLE_STD: Final = 0.02
 
 
-def _instability(robust: SeedStats | None) -> str:
+def _instability(robust: SeedStats | None, metric: str = "val_accuracy") -> str:
     """A warning when the seed-robust pick is unstable across its fresh seeds (the search run
     was lucky: at a high LR or a large batch, some seeds train and others do not)."""
     if robust is None or not robust.unstable:
         return ""
     accs = [a for a in robust.accuracies if a is not None]
     return (
-        f". Warning: the pick is unstable across seeds (final validation accuracy "
+        f". Warning: the pick is unstable across seeds (final {metric_words(metric)} "
         f"{min(accs):.4f} to {max(accs):.4f}); raise budget.finalists, budget.reserve_finalists or "
         "budget.seed_runs for a safer pick, or narrow the space (a lower space.batch_size.max or "
         "space.lr_multiplier.max)"
@@ -466,7 +554,8 @@ def _note(
 
 def compare(best: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, float | None]:
     """The best trial against another (a baseline, a candidate), from their rows
-    (:meth:`TrialOutcome.to_dict` keys): the accuracy difference best - other and the
+    (:meth:`TrialOutcome.to_dict` keys): the differences best - other of the study metric
+    (``metric_delta``) and of validation accuracy (``accuracy_delta``, classification) and the
     best / other ratios of steps, wall time and mean batch (``None`` where a value is
     missing, not finite, or the other's is 0). The one rule behind the summary's ``vs_best``
     and the dashboard's comparison while a study runs."""
@@ -481,9 +570,13 @@ def compare(best: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, float
         a, b = num(best, key), num(base, key)
         return None if a is None or not b else a / b
 
-    acc_best, acc_base = num(best, "val_accuracy"), num(base, "val_accuracy")
+    def delta(key: str) -> float | None:
+        a, b = num(best, key), num(base, key)
+        return None if a is None or b is None else a - b
+
     return {
-        "accuracy_delta": None if acc_best is None or acc_base is None else acc_best - acc_base,
+        "metric_delta": delta("metric_value"),
+        "accuracy_delta": delta("val_accuracy"),
         "steps_ratio": ratio("steps"),
         "wall_time_ratio": ratio("wall_time_s"),
         "mean_batch_size_ratio": ratio("mean_batch_size"),

@@ -108,6 +108,7 @@ def _final(
     return {
         "val_accuracy": num("val_accuracy"),
         "val_loss": num("val_loss"),
+        "metric_value": objective.metric_of(result),
         "wall_time_s": num("wall_time_s"),
         "steps": None if steps is None else int(steps),
         "samples": None if samples is None else int(samples),
@@ -145,6 +146,7 @@ def outcome_of_record(
         stop_reason=record.stop_reason,
         epochs_done=record.epochs_done,
         val_accuracy=record.val_accuracy,
+        metric_value=record.metric(objective.metric),
         steps=record.steps,
         samples=record.samples,
         wall_time_s=record.wall_time_s,

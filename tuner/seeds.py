@@ -68,13 +68,14 @@ def finalists(
 
 @dataclass(frozen=True)
 class SeedStats:
-    """One finalist's seed runs: its objective value and final accuracy per fresh seed."""
+    """One finalist's seed runs: its objective value and the final value of the study's metric
+    (validation accuracy for classification) per fresh seed."""
 
     number: int
     baseline: str | None
     seeds: tuple[int, ...]
     values: tuple[float | None, ...]  # the objective's value per seed; None: run not completed
-    accuracies: tuple[float | None, ...]
+    accuracies: tuple[float | None, ...]  # the metric's final value per seed (``metric``)
     compute_epochs: float
     # Means over the completed seed runs (the figures of the whole schedule, also for a reserve
     # the search stopped early); None without a completed run.
@@ -82,6 +83,7 @@ class SeedStats:
     samples: float | None = None
     wall_time_s: float | None = None
     reserve: bool = False  # trained because the finalists' pick was unstable (see reserves)
+    metric: str = "val_accuracy"
 
     @property
     def failed(self) -> int:
@@ -89,10 +91,11 @@ class SeedStats:
 
     @property
     def unstable(self) -> bool:
-        """Its fresh seeds disagree: the final validation accuracy spreads more than
-        :data:`~tuner.objectives.UNSTABLE_STD` (sample std)."""
-        std = self._mean_std(self.accuracies)[1]
-        return std is not None and std > UNSTABLE_STD
+        """Its fresh seeds disagree: the metric's final value spreads more than
+        :data:`~tuner.objectives.UNSTABLE_STD` (sample std; for a metric larger than 1 in
+        size, relative to its mean: 2 % of a loss or of a PSNR)."""
+        mean, std = self._mean_std(self.accuracies)
+        return std is not None and mean is not None and std > UNSTABLE_STD * max(1.0, abs(mean))
 
     @property
     def accuracy_mean(self) -> float | None:
@@ -123,9 +126,15 @@ class SeedStats:
             "values": list(self.values),
             "mean": self.mean,
             "std": self.std,
-            "val_accuracy": list(self.accuracies),
-            "val_accuracy_mean": acc_mean,
-            "val_accuracy_std": acc_std,
+            "metric": self.metric,
+            "metric_values": list(self.accuracies),
+            "metric_mean": acc_mean,
+            "metric_std": acc_std,
+            # The same under the metric's name (e.g. val_accuracy_mean), as stored before
+            # studies named their metric.
+            self.metric: list(self.accuracies),
+            f"{self.metric}_mean": acc_mean,
+            f"{self.metric}_std": acc_std,
             "failed": self.failed,
             "compute_epochs": round(self.compute_epochs, 3),
             "steps": self.steps,
@@ -139,6 +148,7 @@ def seed_stats(
     seeds: Sequence[int],
     *,
     reserve: bool = False,
+    metric: str = "val_accuracy",
 ) -> SeedStats:
     """A finalist's :class:`SeedStats` from its seed runs' outcomes (by seed; a seed with no
     outcome, or an outcome that is not eligible, counts as a failed run)."""
@@ -151,7 +161,7 @@ def seed_stats(
         ok = run is not None and run.eligible and run.values
         value = run.values[0] if ok and run is not None and run.values else None
         values.append(value if value is not None and math.isfinite(value) else None)
-        accuracies.append(run.val_accuracy if run is not None and ok else None)
+        accuracies.append(run.metric_value if run is not None and ok else None)
         if run is not None:
             compute += float(run.extra.get("compute_epochs") or run.epochs_done or 0)
             if ok:
@@ -172,16 +182,17 @@ def seed_stats(
         samples=mean_of([r.samples for r in done]),
         wall_time_s=mean_of([r.wall_time_s for r in done]),
         reserve=reserve,
+        metric=metric,
     )
 
 
-def _evidence(outcome: TrialOutcome) -> float | None:
-    """What the search learnt of a trial's schedule: its last cooldown-probe score (or, at the
-    run's end, its final accuracy), else its last validation accuracy."""
+def _evidence(outcome: TrialOutcome, objective: StudyObjective) -> float | None:
+    """What the search learnt of a trial's schedule, larger is better: its last cooldown-probe
+    score (or, at the run's end, its final metric), else its last value of the metric."""
     score = outcome.extra.get("score")
     if isinstance(score, int | float) and not isinstance(score, bool) and math.isfinite(score):
         return float(score)
-    return outcome.val_accuracy
+    return objective.score_of(outcome.metric_value)
 
 
 def reserves(
@@ -192,12 +203,13 @@ def reserves(
 ) -> list[TrialOutcome]:
     """Up to ``n`` more tuned trials to train on the fresh seeds when the finalists' pick is
     unstable (none otherwise): tuned trials that completed or were stopped early, are not
-    finalists yet, and whose evidence (:func:`_evidence`) beats the pick's mean accuracy; the
+    finalists yet, and whose evidence (:func:`_evidence`) beats the pick's mean metric; the
     ones trained longest first, then by evidence."""
     chosen = pick(stats, objective)
     if n <= 0 or chosen is None or not (chosen.unstable or chosen.failed):
         return []
-    bar = chosen.accuracy_mean if chosen.accuracy_mean is not None else -math.inf
+    mean = objective.score_of(chosen.accuracy_mean)
+    bar = mean if mean is not None else -math.inf
     tried = {s.number for s in stats}
     pool = [
         o
@@ -206,9 +218,9 @@ def reserves(
         and o.number not in tried
         and o.status in ("completed", "stopped")
         and o.feasible
-        and (_evidence(o) or -math.inf) > bar
+        and (_evidence(o, objective) or -math.inf) > bar
     ]
-    pool.sort(key=lambda o: (-o.epochs_done, -(_evidence(o) or 0.0), o.number))
+    pool.sort(key=lambda o: (-o.epochs_done, -(_evidence(o, objective) or 0.0), o.number))
     return pool[:n]
 
 
@@ -223,12 +235,16 @@ def pick(stats: Sequence[SeedStats], objective: StudyObjective) -> SeedStats | N
 
 
 def seed_text(stats: Mapping[str, Any] | None) -> str:
-    """A finalist's seed runs as the CLI and dashboard print them: ``0.9712 ± 0.0021`` (final
-    validation accuracy, mean ± std over the fresh seeds), with the runs that did not
-    complete, and ``(reserve)`` for a reserve; ``-`` for a trial that was not a finalist."""
+    """A finalist's seed runs as the CLI and dashboard print them: ``0.9712 ± 0.0021`` (the
+    study metric's final value, validation accuracy for classification, mean ± std over the
+    fresh seeds), with the runs that did not complete, and ``(reserve)`` for a reserve; ``-``
+    for a trial that was not a finalist."""
     if not stats:
         return "-"
-    mean, std = stats.get("val_accuracy_mean"), stats.get("val_accuracy_std")
+    if "metric_mean" in stats:
+        mean, std = stats.get("metric_mean"), stats.get("metric_std")
+    else:  # stored before studies named their metric
+        mean, std = stats.get("val_accuracy_mean"), stats.get("val_accuracy_std")
     n = len(stats.get("seeds") or ())
     failed = int(stats.get("failed") or 0)
     text = "-" if mean is None else f"{mean:.4f} ± {float(std or 0.0):.4f}"

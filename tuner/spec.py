@@ -39,7 +39,7 @@ import difflib
 import json
 import math
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, Self
 
@@ -57,8 +57,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from tuner.errors import ValidationError, field_problems
-from tuner.tasks import check_task_name, task_option_problems
+from tuner.errors import StagetuneError, ValidationError, field_problems
+from tuner.tasks import MetricDirection, check_task_name, task_metrics, task_option_problems
 
 __all__ = [
     "BASELINE_NAMES",
@@ -246,8 +246,22 @@ class SearchSpace(_Model):
 # --------------------------------------------------------------------------------------------
 
 
+#: ``objective.metric``: a validation metric the task declares (``workers.task_options``).
+MetricName = Annotated[
+    str | None,
+    Field(
+        default=None,
+        pattern=r"^val_[a-z][a-z0-9_]{0,39}$",
+        description="The validation metric to optimise, one the task declares (e.g. "
+        "val_accuracy, val_loss, val_psnr); its direction (max or min) is the task's. Default: "
+        "the task's primary metric (val_accuracy for classification).",
+    ),
+]
+
+
 class AccuracyObjective(_Model):
-    """Maximise the final validation accuracy, optionally under a constraint.
+    """Optimise the final value of the metric (``metric``: the task's primary one by default,
+    validation accuracy for classification), optionally under a constraint.
 
     Constraints are checked on each sampled schedule before it is trained (they follow from
     the schedule and the dataset size): a violating schedule is never trained; it is recorded
@@ -255,6 +269,7 @@ class AccuracyObjective(_Model):
     """
 
     kind: Literal["accuracy"] = "accuracy"
+    metric: MetricName = None
     max_mean_batch_size: float | None = Field(
         default=None,
         gt=0,
@@ -294,26 +309,58 @@ class AccuracyObjective(_Model):
 
 
 class TimeToAccuracyObjective(_Model):
-    """Minimise the cost (optimizer steps or wall time) of reaching ``target_accuracy``.
+    """Minimise the cost (optimizer steps or wall time) of reaching a target value of the
+    metric: ``target_accuracy`` (validation accuracy) or ``target`` (of ``metric``, reached when
+    at least it for a metric to maximise, at most it for one to minimise).
 
     A trial stops as soon as it reaches the target; one that never does scores
     ``penalty_factor x (its whole-run cost) x (1 + shortfall)`` so nearer misses rank better.
     """
 
     kind: Literal["time_to_accuracy"] = "time_to_accuracy"
-    target_accuracy: float = Field(gt=0, le=1, description="Validation accuracy to reach.")
+    metric: MetricName = None
+    target_accuracy: float | None = Field(
+        default=None, gt=0, le=1, description="Validation accuracy to reach."
+    )
+    target: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="Value of objective.metric to reach (instead of target_accuracy).",
+    )
     cost: Cost = "steps"
     penalty_factor: float = Field(default=2.0, ge=1, le=100)
 
+    @model_validator(mode="after")
+    def _one_target(self) -> Self:
+        if (self.target_accuracy is None) == (self.target is None):
+            raise ValueError(
+                "time_to_accuracy needs one target: target_accuracy (validation accuracy, "
+                "0-1) or target (a value of objective.metric)"
+            )
+        if self.target_accuracy is not None and self.metric not in (None, "val_accuracy"):
+            raise ValueError(
+                f"target_accuracy is a validation accuracy but objective.metric is "
+                f"{self.metric}: give target (a value of {self.metric}) instead"
+            )
+        return self
+
+    @property
+    def target_value(self) -> float:
+        value = self.target_accuracy if self.target_accuracy is not None else self.target
+        assert value is not None
+        return value
+
 
 class ParetoObjective(_Model):
-    """Accuracy (max) and cost (min) as a Pareto front; no early stopping (ASHA needs one
-    metric). The recommended schedule is the cheapest front member whose accuracy is within
-    ``accuracy_tolerance`` of the front's best."""
+    """The metric (max or min, as the task declares it) and the cost (min) as a Pareto front;
+    no early stopping (ASHA needs one metric). The recommended schedule is the cheapest front
+    member whose metric is within ``accuracy_tolerance`` (in the metric's units) of the
+    front's best."""
 
     kind: Literal["pareto"] = "pareto"
+    metric: MetricName = None
     cost: Cost = "steps"
-    accuracy_tolerance: float = Field(default=0.01, ge=0, le=1)
+    accuracy_tolerance: float = Field(default=0.01, ge=0, le=1e6)
 
 
 def _objective_kind(value: Any) -> str | None:
@@ -627,6 +674,7 @@ class StudySpec(_Model):
         if epochs is not None:
             problems.extend(_epoch_problems(self, epochs))
         problems.extend(_batch_problems(self))
+        problems.extend(_metric_problems(self))
         if self.budget.search == "pbt":
             if not isinstance(self.objective, AccuracyObjective):
                 problems.append(
@@ -647,6 +695,21 @@ class StudySpec(_Model):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    # ------------------------------------------------------------------ the metric
+
+    def objective_metric(self) -> tuple[str, MetricDirection]:
+        """The validation metric the study optimises and its direction (the task's
+        declaration): ``objective.metric``, else validation accuracy for a
+        ``target_accuracy``, else the task's primary metric."""
+        declared, primary = task_metrics(self.task)
+        name = self.objective.metric
+        if name is None and getattr(self.objective, "target_accuracy", None) is not None:
+            name = "val_accuracy"
+        name = name or primary
+        if name not in declared:
+            raise ValidationError(_unknown_metric(self.task, name, declared))
+        return name, declared[name]
 
     # ------------------------------------------------------------------ loading
 
@@ -794,6 +857,21 @@ def _batch_problems(spec: StudySpec) -> list[str]:
                 "it; raise space.batch_size.max or lower the constraint"
             )
     return out
+
+
+def _unknown_metric(task: str, name: str, declared: Mapping[str, str]) -> str:
+    listed = ", ".join(f"{m} ({d})" for m, d in declared.items())
+    return f"objective.metric {name!r} is not a metric of task {task!r}; it reports {listed}"
+
+
+def _metric_problems(spec: StudySpec) -> list[str]:
+    try:
+        spec.objective_metric()
+    except ValidationError as exc:
+        return [str(exc)]
+    except StagetuneError as exc:  # the task's own declaration is broken
+        return [str(exc)]
+    return []
 
 
 def _pow2_floor(n: int) -> int:

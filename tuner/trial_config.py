@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 import pydantic
 import pydantic_core
@@ -127,6 +127,11 @@ class TrialConfig(TrialResources):
     """Epoch counts after which a cooldown probe runs (sorted, duplicates dropped)."""
     probe_fraction: Number = Field(default=0.2, gt=0.0, le=1.0)
     """A probe's length as a fraction of the epochs trained so far."""
+    metric: str = Field(default="val_accuracy", pattern=r"^val_[a-z][a-z0-9_]{0,39}$")
+    """The study's metric: the trial's ``score`` (what schedulers rank) is its value after a
+    cooldown probe and at the run's end."""
+    metric_mode: Literal["max", "min"] = "max"
+    """The metric's direction; ``score`` is the metric negated for ``min`` (larger is better)."""
     compile: Flag = False
     """``torch.compile`` the model in place (state-dict keys kept). Off by default: it pays a
     compilation per new batch shape, and slowed the built-in ResNet-20's trial loop on an H100

@@ -58,7 +58,6 @@ __all__ = ["EXTRA_KEYS", "METRIC_KEYS", "PROBE_KEYS", "ScheduleTrainable", "reso
 METRIC_KEYS: tuple[str, ...] = (
     "epoch",
     "stage",
-    "val_accuracy",
     "val_loss",
     "train_loss",
     "epoch_time_s",
@@ -90,10 +89,9 @@ log = logging.getLogger(__name__)
 #: boundary state records for forks to re-report).
 _OWN_KEYS: frozenset[str] = frozenset({"done", "compute_epochs", "forked_epochs", "replayed"})
 
-#: Keys of a cooldown probe's result (only in the results of the epochs it ran after).
+#: Keys of a cooldown probe's result (only in the results of the epochs it ran after), besides
+#: ``probe_`` + each of the task's metrics (``probe_val_loss``, ``probe_val_accuracy``, ...).
 PROBE_KEYS: tuple[str, ...] = (
-    "probe_val_accuracy",
-    "probe_val_loss",
     "probe_steps",
     "probe_epochs",
     "probe_time_s",
@@ -114,6 +112,12 @@ def resource_request(config: Mapping[str, Any]) -> PlacementGroupFactory:
         bundle["GPU"] = gpus
     head: dict[str, float] = {"CPU": 0.0}  # no resources: Tune drops it from the group
     return PlacementGroupFactory([head] + [dict(bundle) for _ in range(workers)])
+
+
+def _signed(value: Any, sign: float) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return sign * float(value)
 
 
 class ScheduleTrainable(tune.Trainable):
@@ -345,6 +349,10 @@ class ScheduleTrainable(tune.Trainable):
         loop_time = time.perf_counter() - started
         first = results[0]
         metrics: dict[str, Any] = {key: first[key] for key in METRIC_KEYS}
+        # The task's metrics (val_accuracy, val_psnr, ...); val_accuracy is always a key
+        # (None for a task that does not report it), as Tune wants its keys in every result.
+        metrics["val_accuracy"] = None
+        metrics.update({k: v for k, v in first.items() if k.startswith("val_")})
         for key in EXTRA_KEYS:
             metrics[key] = first[key]
         metrics["loop_time_s"] = loop_time
@@ -357,18 +365,21 @@ class ScheduleTrainable(tune.Trainable):
         self._epoch += 1
         done = bool(first["diverged"]) or self._epoch >= self._spec.schedule.total_epochs
         # ``score`` ranks the run where it can be ranked: after a cooldown probe, the probe's
-        # accuracy; at the run's end, its own (the schedule's decay has run). None otherwise
-        # (Tune wants the key in every result), so a scheduler comparing ``score`` decides only
-        # at those epochs.
+        # value of the study's metric; at the run's end, its own (the schedule's decay has
+        # run). None otherwise (Tune wants the key in every result), so a scheduler comparing
+        # ``score`` decides only at those epochs. Larger is better: a metric to minimise is
+        # negated.
         self._compute_epochs += 1.0
         metrics["score"] = None
-        if "probe_val_accuracy" in first:
-            for key in PROBE_KEYS:
-                metrics[key] = first[key]
+        metric, sign = self._spec.metric, (-1.0 if self._spec.metric_mode == "min" else 1.0)
+        if "probe_steps" in first:
+            for key, value in first.items():
+                if key in PROBE_KEYS or key.startswith("probe_val_"):
+                    metrics[key] = value
             self._compute_epochs += float(first["probe_epochs"])
-            metrics["score"] = first["probe_val_accuracy"]
+            metrics["score"] = _signed(first.get(f"probe_{metric}"), sign)
         elif done and not first["diverged"]:
-            metrics["score"] = metrics["val_accuracy"]
+            metrics["score"] = _signed(metrics.get(metric), sign)
         self._history.append({k: v for k, v in metrics.items() if k not in _OWN_KEYS})
         store = self._prefix_store()
         if store is not None and not done:

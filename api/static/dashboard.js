@@ -91,6 +91,7 @@
   function fmtObjective(v, name) {
     if (!isNum(v)) return "—";
     if (name.indexOf("accuracy") >= 0) return fmtPct(v);
+    if (name.indexOf("psnr") >= 0) return v.toFixed(2) + " dB";
     if (name.indexOf("wall_time") >= 0) return fmtDuration(v);
     if (name.indexOf("steps") >= 0) return fmtInt(v) + " steps";
     return v.toPrecision(4);
@@ -244,6 +245,30 @@
   function objectiveName() {
     return S.study.objective.names[0];
   }
+  // The study's metric (objective.metric): its name, direction, words and format.
+  function metric() {
+    var o = (S.study && S.study.objective) || {};
+    return {
+      name: o.metric || "val_accuracy", dir: o.metric_direction || "max",
+      label: o.metric_label || "validation accuracy", format: o.metric_format || "percent",
+    };
+  }
+  function fmtMetric(v, digits) {
+    if (!isNum(v)) return "—";
+    var f = metric().format;
+    if (f === "percent") return fmtPct(v, digits);
+    if (f === "db") return v.toFixed(digits == null ? 2 : digits) + " dB";
+    return v.toPrecision(4);
+  }
+  // Plotly's number format of the metric (hover texts, axis ticks).
+  function metricD3(axisTicks) {
+    var f = metric().format;
+    if (f === "percent") return axisTicks ? (S.zoom === "top" ? ".1%" : ".0%") : ".2%";
+    if (f === "db") return ".2f";
+    return axisTicks ? "" : ".4g";
+  }
+  function metricBetter(a, b) { return metric().dir === "min" ? a < b : a > b; }
+  function capital(text) { return text.charAt(0).toUpperCase() + text.slice(1); }
 
   // ---------------------------------------------------------------- header, banner, KPIs
 
@@ -330,10 +355,18 @@
     return r > 1 ? r.toFixed(1) + "× larger" : (1 / r).toFixed(1) + "× smaller";
   }
   function deltaText(d) {
+    // a difference of the study's metric, best - other: points for an accuracy, else its units
     if (!isNum(d)) return null;
-    var pp = d * 100;
-    var cls = pp >= -0.005 ? "good" : "bad";
-    return '<span class="' + cls + '">' + (pp >= 0 ? "+" : "−") + Math.abs(pp).toFixed(2) + " pp</span>";
+    var m = metric();
+    if (m.format === "percent") {
+      var pp = d * 100;
+      var good = m.dir === "min" ? pp <= 0.005 : pp >= -0.005;
+      return '<span class="' + (good ? "good" : "bad") + '">' + (pp >= 0 ? "+" : "−") + Math.abs(pp).toFixed(2) + " pp</span>";
+    }
+    var ok = m.dir === "min" ? d <= 0 : d >= 0;
+    var size = Math.abs(d);
+    var text = m.format === "db" ? size.toFixed(2) + " dB" : size.toPrecision(3);
+    return '<span class="' + (ok ? "good" : "bad") + '">' + (d >= 0 ? "+" : "−") + text + "</span>";
   }
 
   function renderKpis() {
@@ -341,7 +374,7 @@
     var name = objectiveName();
     var best = st.best_trial_number != null ? S.trials.get(st.best_trial_number) : null;
     var cards = [];
-    var bestLabel = name === "val_accuracy" ? "Best val accuracy" : "Best objective";
+    var bestLabel = name === metric().name ? "Best " + metric().label : "Best objective";
     var bestRow = S.comparison.filter(function (r) { return r.role === "best"; })[0];
     var seeded = bestRow && bestRow.seeds_text ? bestRow : null;
     if (seeded) bestLabel += " (mean of " + seeded.seed_count + " fresh seeds)";
@@ -359,7 +392,7 @@
       var steps = ratioText(v.steps_ratio, "steps");
       cards.push(kpi("vs " + esc(baselineLabel(ref.baseline)),
         ratioValue(v.steps_ratio, "steps"),
-        [deltaText(v.accuracy_delta) ? deltaText(v.accuracy_delta) + " accuracy" : null,
+        [deltaText(v.metric_delta) ? deltaText(v.metric_delta) + " " + esc(metric().label.replace("validation ", "")) : null,
           ratioText(v.wall_time_ratio, "wall time")].filter(Boolean).join(" · ") || (steps || ""),
         "kpi-baseline"));
     } else {
@@ -410,10 +443,10 @@
       var group = t.status === "diverged" || t.status === "failed" ? "diverged" : t.status === "running" ? "running" : "trial";
       groups[group].push(t);
       if (t.status === "stopped") {
-        for (var i = c.acc.length - 1; i >= 0; i--) {
-          if (isNum(c.acc[i])) {
+        for (var i = c.value.length - 1; i >= 0; i--) {
+          if (isNum(c.value[i])) {
             stoppedEnds.x.push(c.epoch[i]);
-            stoppedEnds.y.push(c.acc[i]);
+            stoppedEnds.y.push(c.value[i]);
             stoppedEnds.n.push(t.number);
             break;
           }
@@ -427,7 +460,7 @@
         var c = curveOf(t.number);
         for (var i = 0; i < c.epoch.length; i++) {
           x.push(c.epoch[i]);
-          y.push(c.acc[i]);
+          y.push(c.value[i]);
           n.push(t.number);
         }
         x.push(null);
@@ -437,7 +470,7 @@
       return {
         type: "scatter", mode: "lines", name: name + " (" + list.length + ")", x: x, y: y, customdata: n,
         line: line, connectgaps: false, legendrank: legendrank, meta: "group",
-        hovertemplate: "trial #%{customdata}<br>epoch %{x}: %{y:.2%}<extra></extra>",
+        hovertemplate: "trial #%{customdata}<br>epoch %{x}: %{y:" + metricD3() + "}<extra></extra>",
       };
     }
     if (groups.trial.length) {
@@ -451,7 +484,7 @@
       traces.push({
         type: "scatter", mode: "markers", name: "stopped early", x: stoppedEnds.x, y: stoppedEnds.y, customdata: stoppedEnds.n,
         marker: { symbol: "x-thin", size: 7, line: { width: 1.5, color: COLORS.trialPoint } }, legendrank: 950,
-        hovertemplate: "trial #%{customdata} stopped after epoch %{x}: %{y:.2%}<extra></extra>",
+        hovertemplate: "trial #%{customdata} stopped after epoch %{x}: %{y:" + metricD3() + "}<extra></extra>",
       });
     }
     special.sort(function (a, b) { return rank(a) - rank(b); });
@@ -462,17 +495,17 @@
       var label = (isBest ? "best #" + t.number : t.baseline ? baselineLabel(t.baseline) : "trial #" + t.number) +
         (isBest && t.baseline ? " (" + baselineLabel(t.baseline) + ")" : "");
       traces.push({
-        type: "scatter", mode: "lines+markers", name: label, x: c.epoch, y: c.acc,
+        type: "scatter", mode: "lines+markers", name: label, x: c.epoch, y: c.value,
         line: { color: color, width: isBest ? 3.5 : 2.4 }, marker: { size: isBest ? 5 : 4, color: color },
         legendrank: isBest ? 1 : t.baseline ? 10 : 5, customdata: c.epoch.map(function () { return t.number; }),
-        hovertemplate: esc(label) + "<br>epoch %{x}: %{y:.2%}<extra></extra>",
+        hovertemplate: esc(label) + "<br>epoch %{x}: %{y:" + metricD3() + "}<extra></extra>",
       });
     });
     if (!traces.length) {
       emptyChart(node, "No epoch has been reported yet.");
       return;
     }
-    var yaxis = axis({ title: { text: "validation accuracy" }, tickformat: S.zoom === "top" ? ".1%" : ".0%" });
+    var yaxis = axis({ title: { text: metric().label }, tickformat: metricD3(true) });
     if (S.zoom === "top") {
       var range = topRange();
       if (range) {
@@ -487,15 +520,22 @@
     }));
   }
   function topRange() {
-    // the band where the completed trials end: from their 10th percentile to the top
+    // the band where the completed trials end: from their worst 10th percentile to the best
     var finals = trialList()
-      .filter(function (t) { return t.status === "completed" && isNum(t.val_accuracy); })
-      .map(function (t) { return t.val_accuracy; })
+      .filter(function (t) { return t.status === "completed" && isNum(t.metric_value); })
+      .map(function (t) { return t.metric_value; })
       .sort(function (a, b) { return a - b; });
     if (!finals.length) return null;
-    var lo = finals[Math.floor(0.1 * (finals.length - 1))];
-    var hi = finals[finals.length - 1];
-    var pad = Math.max(0.004, (hi - lo) * 0.15);
+    var lo, hi;
+    if (metric().dir === "min") {
+      lo = finals[0];
+      hi = finals[Math.ceil(0.9 * (finals.length - 1))];
+    } else {
+      lo = finals[Math.floor(0.1 * (finals.length - 1))];
+      hi = finals[finals.length - 1];
+    }
+    var floor = metric().format === "percent" ? 0.004 : 1e-3 * Math.max(1, Math.abs(hi));
+    var pad = Math.max(floor, (hi - lo) * 0.15);
     return [lo - pad, hi + pad];
   }
 
@@ -506,15 +546,17 @@
     return 1;
   }
 
-  // ---------------------------------------------------------------- accuracy vs cost
+  // ---------------------------------------------------------------- metric vs cost
 
   function paretoFront(points) {
-    // maximise y (accuracy), minimise x (cost): sweep by cost, keep strict accuracy records
-    var sorted = points.slice().sort(function (a, b) { return a.x - b.x || b.y - a.y; });
+    // the metric at its best (max or min), minimise x (cost): sweep by cost, keep strict records
+    var sorted = points.slice().sort(function (a, b) {
+      return a.x - b.x || (metricBetter(a.y, b.y) ? -1 : metricBetter(b.y, a.y) ? 1 : 0);
+    });
     var front = [];
-    var top = -Infinity;
+    var top = null;
     sorted.forEach(function (p) {
-      if (p.y > top) {
+      if (top === null || metricBetter(p.y, top)) {
         front.push(p);
         top = p.y;
       }
@@ -530,9 +572,9 @@
     var costLabel = key === "steps" ? "optimizer steps" : "wall time (s)";
     var completed = [], stopped = [], bases = [], bestPt = null, pickedPt = null;
     trialList().forEach(function (t) {
-      if (!isNum(t.val_accuracy) || !isNum(t[key]) || t[key] <= 0) return;
+      if (!isNum(t.metric_value) || !isNum(t[key]) || t[key] <= 0) return;
       if (t.status !== "completed" && t.status !== "stopped") return;
-      var p = { x: t[key], y: t.val_accuracy, t: t };
+      var p = { x: t[key], y: t.metric_value, t: t };
       if (t.number === best) bestPt = p;
       if (t.number === S.picked) pickedPt = p;
       if (t.baseline) bases.push(p);
@@ -544,7 +586,7 @@
     var front = paretoFront(pool);
     function hover(p) {
       return "trial #" + p.t.number + (p.t.baseline ? " · " + esc(baselineLabel(p.t.baseline)) : "") +
-        "<br>" + esc(p.t.summary || "") + "<br>accuracy " + fmtPct(p.y) + "<br>" +
+        "<br>" + esc(p.t.summary || "") + "<br>" + esc(metric().label.replace("validation ", "")) + " " + fmtMetric(p.y) + "<br>" +
         (key === "steps" ? fmtInt(p.x) + " steps" : fmtDuration(p.x) + " wall time");
     }
     function markers(list, name, marker, extra) {
@@ -575,7 +617,7 @@
     if (bestPt) traces.push(markers([bestPt], "best #" + bestPt.t.number, { size: 19, symbol: "star", color: COLORS.best, line: { width: 1.5, color: "#fff" } }, { legendrank: 1 }));
     if (pickedPt && pickedPt !== bestPt) traces.push(markers([pickedPt], "trial #" + pickedPt.t.number, { size: 17, symbol: "circle-open", color: COLORS.picked, line: { width: 3 } }, { legendrank: 5 }));
     if (!traces.length) {
-      emptyChart(node, "No trial with an accuracy and a " + (key === "steps" ? "step count" : "wall time") + " yet.");
+      emptyChart(node, "No trial with a " + esc(metric().label) + " and a " + (key === "steps" ? "step count" : "wall time") + " yet.");
       return;
     }
     var xs = [];
@@ -587,7 +629,7 @@
         title: { text: costLabel + " (log)" }, type: "log", tickvals: ticks,
         ticktext: ticks.map(function (v) { return key === "steps" ? fmtInt(v) : fmtDuration(v); }),
       }),
-      yaxis: axis({ title: { text: "final validation accuracy" }, tickformat: ".1%" }),
+      yaxis: axis({ title: { text: "final " + metric().label }, tickformat: metric().format === "percent" ? ".1%" : "" }),
     }));
   }
 
@@ -683,7 +725,7 @@
     var options = ['<option value="">best and baselines</option>'];
     trialList().forEach(function (t) {
       var tag = t.number === best ? "★ best · " : t.baseline ? baselineLabel(t.baseline) + " · " : "";
-      var acc = isNum(t.val_accuracy) ? " · " + fmtPct(t.val_accuracy, 1) : "";
+      var acc = isNum(t.metric_value) ? " · " + fmtMetric(t.metric_value, 1) : "";
       options.push('<option value="' + t.number + '"' + (t.number === S.picked ? " selected" : "") + ">#" + t.number + " · " +
         esc(tag + t.status + acc + " · " + (t.summary || "")) + "</option>");
     });
@@ -760,15 +802,15 @@
       return '<tr class="' + (isBestRow ? "row-best" : "") + '" data-role="' + r.role + '" data-number="' + esc(r.number) + '">' +
         '<td><span class="swatch" style="background:' + color + '"></span>' + esc(label) +
         '<div class="muted small"><code>' + fmtSummary(r.summary) + "</code></div></td>" +
-        cell(fmtPct(r.val_accuracy) + (r.seeds_text ? '<div class="muted small seeds">' +
+        cell(fmtMetric(r.metric_value) + (r.seeds_text ? '<div class="muted small seeds">' +
           r.seed_count + " fresh seeds: " + esc(r.seeds_text) + "</div>" : ""),
-          v.accuracy_delta != null ? "best " + deltaText(v.accuracy_delta) : "") +
+          v.metric_delta != null ? "best " + deltaText(v.metric_delta) : "") +
         cell(fmtInt(r.steps), ratioText(v.steps_ratio, "")) +
         cell(fmtDuration(r.wall_time_s), ratioText(v.wall_time_ratio, "")) +
         cell(fmtBatch(r.mean_batch_size), sizeText(v.mean_batch_size_ratio)) +
         "</tr>";
     });
-    box.innerHTML = '<table id="comparison-table"><thead><tr><th>Schedule</th><th>Val accuracy</th><th>Steps</th><th>Wall time</th><th>Mean batch</th></tr></thead><tbody>' +
+    box.innerHTML = '<table id="comparison-table"><thead><tr><th>Schedule</th><th>' + esc(capital(metric().label)) + '</th><th>Steps</th><th>Wall time</th><th>Mean batch</th></tr></thead><tbody>' +
       rows.join("") + "</tbody></table>";
     el("comparison-note").textContent = S.comparison[0].role !== "best" ? "no best trial yet" :
       "under each baseline: the best schedule against it" + (S.study.finished ? "" : " (so far)");
@@ -908,7 +950,7 @@
       traces.push({
         type: "scatter", mode: "markers", name: "cooldown probe", x: probeX, y: probeY, customdata: probeAcc,
         marker: { symbol: "diamond", size: 8, color: COLORS.best, line: { width: 1, color: "#ffffff" } },
-        hovertemplate: "probe after epoch %{x}: %{customdata:.2%}<extra></extra>", meta: "probe",
+        hovertemplate: "probe after epoch %{x}: %{customdata:" + metricD3() + "}<extra></extra>", meta: "probe",
       });
     }
     node.style.height = Math.max(220, 90 + 24 * shown.length) + "px";
@@ -945,7 +987,7 @@
         '<td class="reason" title="' + esc(t.stop_reason || "") + '">' + esc(t.stop_reason || "") + "</td>" +
         '<td class="schedule">' + (t.summary ? fmtSummary(t.summary) : "invalid schedule") +
           (S.lanes.has(t.number) && S.lanes.get(t.number).origin ? '<div class="origin muted small">' + esc(S.lanes.get(t.number).origin) + "</div>" : "") + "</td>" +
-        '<td class="num" data-value="' + (isNum(t.val_accuracy) ? t.val_accuracy : "") + '">' + fmtPct(t.val_accuracy) + "</td>" +
+        '<td class="num" data-value="' + (isNum(t.metric_value) ? t.metric_value : "") + '">' + fmtMetric(t.metric_value) + "</td>" +
         '<td class="num">' + fmtInt(t.steps) + "</td>" +
         '<td class="num">' + fmtDuration(t.wall_time_s) + "</td>" +
         '<td class="num">' + fmtBatch(t.mean_batch_size) + "</td>" +

@@ -64,7 +64,7 @@ def test_study_page_embeds_all_its_data(client: TestClient, seeded: Seeded) -> N
     assert [t["number"] for t in data["trials"]] == [0, 1, 2, 3]
     assert data["trials"][0]["baseline"] == "small_batch"
     assert data["trials"][2]["status"] == "diverged"
-    assert data["curves"]["1"] == {"epoch": [1, 2], "acc": [0.51, 0.61]}
+    assert data["curves"]["1"] == {"epoch": [1, 2], "value": [0.51, 0.61]}
     assert data["curves"]["3"]["epoch"] == [1]  # the running trial so far
     assert set(data["schedules"]) == {"0", "1"}  # the baseline and the best trial
     assert data["schedules"]["1"]["batch_sizes"] == [32, 128, 128]
@@ -115,7 +115,7 @@ def test_page_data_endpoint_with_etag(
     )
     changed = client.get(url, headers={"If-None-Match": first.headers["etag"]})
     assert changed.status_code == 200
-    assert changed.json()["curves"]["3"]["acc"] == [0.53, 0.7]
+    assert changed.json()["curves"]["3"]["value"] == [0.53, 0.7]
 
 
 def test_page_data_shows_forks_clones_and_probes_from_the_stored_epochs(
@@ -171,7 +171,7 @@ def test_page_data_since_returns_what_changed(
     store.add_epoch_metrics(trial.id, 0, {"val_accuracy": 0.42})
     data = client.get(url, params={"since": later}).json()
     assert [t["number"] for t in data["trials"]] == [3, 4]
-    assert data["curves"]["4"]["acc"] == [0.42]
+    assert data["curves"]["4"]["value"] == [0.42]
     bad = client.get(url, params={"since": "yesterday"})
     assert bad.status_code == 422
     assert "ISO 8601" in bad.json()["error"]["message"]

@@ -787,7 +787,7 @@ def test_trial_table_sorts_by_clicked_column(server: Server, page: Any) -> None:
         records = store.list_trials(seeded.finished_id, limit=100).items
     with_acc = [t for t in records if t.val_accuracy is not None]
     without = sorted(t.number for t in records if t.val_accuracy is None)
-    header = page.locator("#trials-table th[data-key='val_accuracy']")
+    header = page.locator("#trials-table th[data-key='metric_value']")
     header.click()
     ascending = [t.number for t in sorted(with_acc, key=lambda t: (t.val_accuracy, t.number))]
     assert _row_numbers(page) == ascending + without

@@ -211,8 +211,8 @@ def test_compact_curve_counts_epochs_trained() -> None:
     store_answer = {4: [metrics(1, 0, 0.5), metrics(1, 1, None), metrics(1, 2, 0.71234567)]}
     curve = dd.compact_curve(dd.curves_of(store_answer)[4])
     assert curve["epoch"] == [1, 2, 3]
-    assert curve["acc"] == [0.5, None, 0.71235]
-    assert set(curve) == {"epoch", "acc"}
+    assert curve["value"] == [0.5, None, 0.712346]  # 6 significant digits
+    assert set(curve) == {"epoch", "value"}
 
 
 def test_comparison_from_trials_while_running() -> None:
@@ -278,7 +278,7 @@ def test_study_page_data_has_every_trial_and_curve() -> None:
     data = dd.study_page_data(study(best_trial_number=1), trials, curves, now=NOW)
     assert data["incremental"] is False
     assert [t["number"] for t in data["trials"]] == [0, 1, 2]
-    assert data["curves"]["1"]["acc"] == [0.6, 0.7]
+    assert data["curves"]["1"]["value"] == [0.6, 0.7]
     assert data["curves"]["2"]["epoch"] == []
     assert set(data["schedules"]) == {"0", "1"}  # the baseline and the best trial
     assert data["counts"]["completed"] == 2
@@ -338,7 +338,7 @@ def test_a_search_lane_names_the_trial_a_fork_or_a_clone_took_its_epochs_from() 
     forked[1] = dd.EpochOrigin(1, replayed=True, forked_epochs=2, probe=0.71234567)
     lane = dd.search_lane(trials[3], forked, trials)
     assert lane["segments"] == [[0, 2, "fork", 1], [2, 6, "own", None]]
-    assert lane["probes"] == [[2, 0.71235]]
+    assert lane["probes"] == [[2, 0.712346]]
     assert lane["origin"] == "forked from #1 at epoch 2"
 
     cloned = [

@@ -53,6 +53,7 @@ def outcome(
         schedule={},
         status=status,  # type: ignore[arg-type]
         val_accuracy=acc if acc is not None else (values[0] if values else None),
+        metric_value=acc if acc is not None else (values[0] if values else None),
         steps=steps,
         samples=steps * 64,
         values=values,

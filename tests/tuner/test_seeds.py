@@ -32,6 +32,7 @@ def outcome(number: int, acc: float, *, baseline: str | None = None, **kw: objec
         status=kw.pop("status", "completed"),  # type: ignore[arg-type]
         epochs_done=4,
         val_accuracy=acc,
+        metric_value=acc,
         steps=int(kw.pop("steps", 100)),  # type: ignore[call-overload]
         values=(acc,),
         extra={"compute_epochs": 4.0},

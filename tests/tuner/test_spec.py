@@ -78,8 +78,8 @@ def test_json_and_yaml_give_the_same_spec() -> None:
         ("task: mnist1d\nspace: {batch_sise: {min: 3}}", "space.batch_sise", "unknown field"),
         ("task: mnist1d\nbudjet: {trials: 3}", "budjet", "unknown field (did you mean `budget`?)"),
         (
-            "task: mnist1d\nobjective: {kind: time_to_accuracy, target: 0.9}",
-            "objective.target",
+            "task: mnist1d\nobjective: {kind: time_to_accuracy, target_acuracy: 0.9}",
+            "objective.target_acuracy",
             "did you mean `objective.target_accuracy`?",
         ),
         ("task: mnist1d\nbudget: {trials: 100000}", "budget.trials", "less than or equal"),
@@ -87,8 +87,8 @@ def test_json_and_yaml_give_the_same_spec() -> None:
         ("task: mnist1d\nresources: {gpus_per_worker: 64}", "resources.gpus_per_worker", "16"),
         (
             "task: mnist1d\nobjective: {kind: time_to_accuracy}",
-            "objective.target_accuracy",
-            "Field required",
+            "objective",
+            "needs one target: target_accuracy",
         ),
         ("task: mnist1d\nobjective: {kind: speed}", "objective", "one of accuracy"),
         ("task: mnist1d\nobjective: {max_stepz: 5}", "objective.max_stepz", "unknown field"),

@@ -55,6 +55,7 @@ STATUS_MAX = 16
 TRIAL_SORT_INDEXES = (
     "val_accuracy",
     "val_loss",
+    "metric_value",
     "wall_time_s",
     "steps",
     "samples",
@@ -187,6 +188,9 @@ class TrialRow(Base):
     # last re-run happened.
     restarts: Mapped[int] = mapped_column(Integer, server_default="0")
     restart_reason: Mapped[str | None] = mapped_column(Text)
+    # The final value of the study's metric (``objective.metric``: val_accuracy, val_loss,
+    # val_psnr, ...), whatever the objective; NULL for trials written before this column.
+    metric_value: Mapped[float | None] = mapped_column(Double)
 
 
 class TrialMetricRow(Base):

@@ -138,6 +138,21 @@ class TrialRecord:
     schedule_summary: str | None = None
     """The schedule in one line (``"64@0-3 -> 256@3-8"``) as computed when the trial was
     written; ``None`` for an invalid schedule or a trial written by an older version."""
+    metric_value: float | None = None
+    """The final value of the study's metric (``objective.metric``), whatever the objective;
+    ``None`` for a trial written by an older version (its ``val_accuracy`` then)."""
+
+    def metric(self, name: str) -> float | None:
+        """The trial's final value of the study's metric ``name``: :attr:`metric_value`, or
+        for a trial stored before that column its validation accuracy or loss (the metrics
+        those studies could have)."""
+        if self.metric_value is not None:
+            return self.metric_value
+        if name == "val_accuracy":
+            return self.val_accuracy
+        if name == "val_loss":
+            return self.val_loss
+        return None
 
     @property
     def is_baseline(self) -> bool:
@@ -182,8 +197,8 @@ class TrialCurve:
 class EpochOrigin:
     """Where one stored epoch of a trial came from: ``replayed`` from a shared prefix the
     trial forked from (``forked_epochs`` long), copied from the trial it ``cloned_from``
-    (PBT), else trained by the trial itself; ``probe`` is the cooldown probe's accuracy
-    after it, if one ran."""
+    (PBT), else trained by the trial itself; ``probe`` is the cooldown probe's value of the
+    study's metric after it, if one ran."""
 
     epoch: int
     replayed: bool = False

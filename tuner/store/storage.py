@@ -101,7 +101,7 @@ METRIC_FLOAT_KEYS = (
 METRIC_INT_KEYS = ("steps", "samples", "batch_size")
 """Epoch-metric keys with their own column; any other key of a report goes to ``extra``."""
 
-FINAL_FLOAT_KEYS = ("val_accuracy", "val_loss", "wall_time_s", "mean_batch_size")
+FINAL_FLOAT_KEYS = ("val_accuracy", "val_loss", "metric_value", "wall_time_s", "mean_batch_size")
 FINAL_INT_KEYS = ("steps", "samples", "epochs_done")
 FINAL_KEYS = (*FINAL_FLOAT_KEYS, *FINAL_INT_KEYS, "objective_values")
 """Keys :meth:`StudyStore.finish_trial` accepts in ``final``."""
@@ -293,6 +293,7 @@ _TRIAL_COLUMNS = (
     TrialRow.restarts,
     TrialRow.restart_reason,
     TrialRow.schedule_summary,
+    TrialRow.metric_value,
 )
 """The columns of a :class:`TrialRecord`, in its field order (Core reads: no ORM objects)."""
 
@@ -1294,28 +1295,45 @@ class StudyStore:
         )
         return Page(items=items, total=int(total), limit=limit, offset=offset)
 
-    def accuracy_curves(self, study_id: int) -> dict[int, list[tuple[int, float | None]]]:
-        """Every trial's validation accuracy per epoch, by trial number, in one query (trials
-        without metrics left out).
+    def metric_curves(
+        self, study_id: int, metric: str = "val_accuracy"
+    ) -> dict[int, list[tuple[int, float | None]]]:
+        """Every trial's value of ``metric`` per epoch (``val_accuracy``, ``val_loss``: their
+        columns; any other task metric, e.g. ``val_psnr``: the metrics' ``extra``), by trial
+        number, in one query (trials without metrics left out).
 
         :meth:`study_metrics` answers the same but builds a full record (every metric column
         and the ``extra`` JSON) for each of the tens of thousands of rows of a large study,
         about three times slower; the dashboard's page needs two columns."""
+        column: Any
+        if metric == "val_accuracy":
+            column = TrialMetricRow.val_accuracy
+        elif metric == "val_loss":
+            column = TrialMetricRow.val_loss
+        else:
+            column = TrialMetricRow.extra[metric].as_float()
         query = (
-            select(TrialRow.number, TrialMetricRow.epoch, TrialMetricRow.val_accuracy)
+            select(TrialRow.number, TrialMetricRow.epoch, column)
             .join(TrialMetricRow, TrialMetricRow.trial_id == TrialRow.id)
             .where(TrialRow.study_id == study_id)
             .order_by(TrialRow.number, TrialMetricRow.epoch)
         )
         curves: dict[int, list[tuple[int, float | None]]] = {}
         with self._session(write=False) as session:
-            for number, epoch, acc in session.connection().execute(query):
-                curves.setdefault(number, []).append((epoch, acc))
+            for number, epoch, value in session.connection().execute(query):
+                curves.setdefault(number, []).append((epoch, value))
         return curves
 
-    def epoch_origins(self, study_id: int) -> dict[int, list[EpochOrigin]]:
+    def accuracy_curves(self, study_id: int) -> dict[int, list[tuple[int, float | None]]]:
+        """:meth:`metric_curves` of validation accuracy."""
+        return self.metric_curves(study_id, "val_accuracy")
+
+    def epoch_origins(
+        self, study_id: int, metric: str = "val_accuracy"
+    ) -> dict[int, list[EpochOrigin]]:
         """Per trial number, where each stored epoch came from (fork, PBT clone, the trial's
-        own training) and its cooldown probe: four keys of the metrics' ``extra``, one query."""
+        own training) and its cooldown probe's value of ``metric``: four keys of the metrics'
+        ``extra``, one query."""
         extra = TrialMetricRow.extra
         query = (
             select(
@@ -1324,7 +1342,7 @@ class StudyStore:
                 extra["replayed"].as_boolean(),
                 extra["forked_epochs"].as_integer(),
                 extra["cloned_from"].as_integer(),
-                extra["probe_val_accuracy"].as_float(),
+                extra[f"probe_{metric}"].as_float(),
             )
             .join(TrialMetricRow, TrialMetricRow.trial_id == TrialRow.id)
             .where(TrialRow.study_id == study_id)
