@@ -144,7 +144,7 @@ def _trial_config(job: Job, gpus_per_worker: float = 0.0) -> dict[str, Any]:
 def _train_and_test(gang: Any, job: Job, gpus_per_worker: float = 0.0) -> RunResult:
     import torch
 
-    from workers.tasks import evaluate, get_task
+    from workers.tasks import evaluate, get_task, load_tensors
 
     gang.call(
         "configure", _trial_config(job, gpus_per_worker)
@@ -158,7 +158,7 @@ def _train_and_test(gang: Any, job: Job, gpus_per_worker: float = 0.0) -> RunRes
     state = gang.call("state")[0]
     task = get_task(job.task)
     options = task.validate_options(dict(job.task_options))
-    data = task.load_data(options, job.seed)
+    data = load_tensors(task, options, job.seed)
     torch.manual_seed(job.seed)
     model = task.build_model(options)
     model.load_state_dict(state["model"])

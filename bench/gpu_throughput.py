@@ -158,12 +158,12 @@ def plain_loop(
     import torch
     from torch.nn import functional as F  # noqa: N812
 
-    from workers.tasks import get_task
+    from workers.tasks import get_task, load_tensors
 
     device = torch.device(device_name)
     task = get_task("cifar10")
     opts = task.validate_options(options)
-    data = task.load_data(opts, 0).to(device)
+    data = load_tensors(task, opts, 0).to(device)
     torch.manual_seed(0)
     cuda = device.type == "cuda"
     model = task.build_model(opts).to(device)

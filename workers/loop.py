@@ -45,7 +45,7 @@ import copy
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +60,16 @@ from tuner.step_plan import epoch_order, epoch_steps, split_step
 from tuner.trial_config import TrialConfig
 from workers.gang import WorkerContext
 from workers.noise_scale import NoiseScaleEstimator
-from workers.tasks import Task, TaskData, evaluate_sums, get_task, register_task
+from workers.tasks import (
+    AnyTaskData,
+    DatasetData,
+    Task,
+    TaskData,
+    evaluate_sums,
+    get_task,
+    register_task,
+)
+from workers.tasks.base import Split, collate_pair, evaluate_batches
 
 __all__ = [
     "LARS",
@@ -74,6 +83,108 @@ _EXTRA_SLOTS = 5  # loss, local |g|^2, 1/local batch, active ranks, OOM ranks
 
 class TrialOOMError(StagetuneError):
     """A stage does not fit in device memory even with micro-batch 1."""
+
+
+class _PlannedBatches:
+    """A DataLoader's batch sampler whose batches are set before each pass: the index lists
+    of this rank's samples of every step of an epoch (the loop computes them from the step
+    plan), so the loader's workers read exactly the samples the loop will train on next."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class _Indexed(torch.utils.data.Dataset[Any]):
+    """A dataset whose samples carry their index (to check a batch read ahead is the one)."""
+
+    def __init__(self, data: DatasetData, split: Split) -> None:
+        self.dataset = data.dataset(split)
+
+    def __getitem__(self, index: int) -> tuple[int, Any]:
+        return index, self.dataset[index]
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+
+class _StepLoader:
+    """Reads a :class:`~workers.tasks.DatasetData` trial's training batches ahead in
+    DataLoader worker processes (persistent for the data), one batch per optimizer step (this
+    rank's samples of it), and its validation shard in evaluation batches."""
+
+    def __init__(self, data: DatasetData, *, pin: bool) -> None:
+        self.data = data
+        self._sampler = _PlannedBatches()
+        collate = data.collate
+
+        def collate_indexed(samples: list[tuple[int, Any]]) -> tuple[torch.Tensor, Any, Any]:
+            x, y = collate_pair(collate, [s for _, s in samples])
+            return torch.tensor([i for i, _ in samples], dtype=torch.int64), x, y
+
+        self._collate = collate_indexed
+        self._pin = pin
+        self._train = torch.utils.data.DataLoader(
+            _Indexed(data, "train"),
+            batch_sampler=self._sampler,
+            num_workers=data.loader_workers,
+            collate_fn=collate_indexed,
+            pin_memory=pin,
+            persistent_workers=True,
+        )
+        self._iter: Iterator[tuple[torch.Tensor, Any, Any]] | None = None
+        self._last: tuple[torch.Tensor, Any, Any] | None = None  # for a step retried (OOM)
+
+    def start(self, batches: Sequence[torch.Tensor]) -> None:
+        """Read these index lists (one per step) in order from now on."""
+        self._sampler.batches = [b.tolist() for b in batches if b.numel()]
+        self._iter = iter(self._train) if self._sampler.batches else None
+        self._last = None
+
+    def take(self, indices: torch.Tensor) -> tuple[Any, Any] | None:
+        """The next batch read ahead if it holds exactly ``indices`` (or the last one again,
+        for a step retried after an OOM), else None."""
+        wanted = indices.cpu()
+        if self._last is not None and torch.equal(self._last[0], wanted):
+            return self._last[1], self._last[2]
+        if self._iter is None:
+            return None
+        try:
+            got, x, y = next(self._iter)
+        except StopIteration:
+            self._iter = None
+            return None
+        if not torch.equal(got, wanted):
+            self._iter = None  # out of step (a probe's batch is not planned): read directly
+            return None
+        self._last = (got, x, y)
+        return x, y
+
+    def read(self, split: Split, lo: int, hi: int, batch: int) -> Iterator[tuple[Any, Any]]:
+        """Samples ``lo`` to ``hi`` of ``split`` in batches, read by the loader's workers."""
+        if hi <= lo:
+            return
+        subset = torch.utils.data.Subset(_Indexed(self.data, split), range(lo, hi))
+        loader = torch.utils.data.DataLoader(
+            subset,
+            batch_size=batch,
+            num_workers=min(self.data.loader_workers, max(1, (hi - lo) // batch)),
+            collate_fn=self._collate,
+            pin_memory=self._pin,
+        )
+        for _, x, y in loader:
+            yield x, y
+
+    def close(self) -> None:
+        self._iter = None
+        iterator = getattr(self._train, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,7 +303,10 @@ class TrialWorker:
         for task in tasks:
             register_task(task, replace=True)
         self._spec: TrialConfig | None = None
-        self._device_data: tuple[int, TaskData] | None = None  # (id of the CPU data, on device)
+        self._device_data: tuple[int, AnyTaskData] | None = None  # (id of the CPU data, on device)
+        self._loader: _StepLoader | None = None  # DatasetData with loader workers
+        # This rank's samples of the current step when read ahead: (indices, x, y, used).
+        self._local: tuple[torch.Tensor, Any, Any, int] | None = None
 
     # ------------------------------------------------------------------ trial set-up
 
@@ -221,7 +335,7 @@ class TrialWorker:
 
         torch.manual_seed(spec.seed)
         model = task.build_model(options).to(self.device)
-        self._channels_last = self.device.type == "cuda" and data.train_x.dim() == 4
+        self._channels_last = self.device.type == "cuda" and data.sample_dims == 4
         if self._channels_last:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         if spec.compile:
@@ -282,8 +396,15 @@ class TrialWorker:
             "configure_s": time.perf_counter() - started,
         }
 
-    def _load(self, task: Task, options: Mapping[str, Any], seed: int) -> TaskData:
+    def _load(self, task: Task, options: Mapping[str, Any], seed: int) -> AnyTaskData:
         cpu = task.load_data(options, seed)  # cached in-process by the task registry
+        if self._loader is not None and self._loader.data is not cpu:
+            self._loader.close()
+            self._loader = None
+        if isinstance(cpu, DatasetData):
+            if cpu.loader_workers > 0 and self._loader is None:
+                self._loader = _StepLoader(cpu, pin=self.device.type == "cuda")
+            return cpu
         if self.device.type == "cpu":
             return cpu
         if self._device_data is not None and self._device_data[0] == id(cpu):
@@ -319,6 +440,13 @@ class TrialWorker:
         plan = list(epoch_steps(schedule, n, epoch, drop_last=spec.drop_last))
         perm = self._permutation(epoch)
         weights = self._exchange_speed() if spec.performance_aware and self.world_size > 1 else None
+        if self._loader is not None:  # read this rank's samples of every step ahead
+            self._loader.start(
+                [
+                    self._mine(perm[st.start : st.stop], self._placement(st.global_batch, weights))
+                    for st in plan
+                ]
+            )
         compute_s = 0.0
         local_samples = 0
         loss_sum = 0.0
@@ -412,10 +540,34 @@ class TrialWorker:
             return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def _mine(self, indices: torch.Tensor, placement: BatchPlacement) -> torch.Tensor:
+        """This rank's contiguous slice of a step's global batch."""
+        start = sum(placement.local_batches[: self.rank])
+        return indices[start : start + placement.local_batches[self.rank]]
+
+    def _fetch(self, split: Split, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples ``indices`` of ``split`` on this rank's device."""
+        x, y = self._data.batch(split, indices)
+        return self._on_device(x), self._on_device(y)
+
+    def _on_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.device == self.device else t.to(self.device, non_blocking=True)
+
+    def _fetch_train(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A micro-batch's training samples: a slice of the local batch read ahead when it is
+        the next part of it, else read now."""
+        local = self._local
+        if local is not None:
+            mine, x, y, pos = local
+            m = int(indices.numel())
+            if pos + m <= mine.numel() and torch.equal(mine[pos : pos + m], indices.cpu()):
+                self._local = (mine, x, y, pos + m)
+                return x[pos : pos + m], y[pos : pos + m]
+        return self._fetch("train", indices)
+
     def _forward_backward(self, indices: torch.Tensor, global_batch: int) -> torch.Tensor:
         spec = self._require()
-        x = self._data.train_x[indices]
-        y = self._data.train_y[indices]
+        x, y = self._fetch_train(indices)
         x = self._task.augment_batch(x, self._aug_generator)
         if self._channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -440,8 +592,12 @@ class TrialWorker:
         flat = self._flat
         p = self._num_params
         b = placement.global_batch
-        start = sum(placement.local_batches[: self.rank])
-        mine = indices[start : start + placement.local_batches[self.rank]]
+        mine = self._mine(indices, placement)
+        self._local = None
+        if self._loader is not None and mine.numel():
+            read = self._loader.take(mine)  # None: not the batch read ahead (a probe's)
+            if read is not None:
+                self._local = (mine.cpu(), self._on_device(read[0]), self._on_device(read[1]), 0)
         loss = torch.zeros((), dtype=flat.dtype, device=self.device)
         track = self.world_size == 1 and placement.accumulation_steps > 1
         prev: torch.Tensor | None = None
@@ -662,8 +818,7 @@ class TrialWorker:
         if self._micro_batch is not None:
             size = min(size, self._micro_batch)
         model = copy.deepcopy(self._model)
-        x = self._data.train_x[:size]
-        y = self._data.train_y[:size]
+        x, y = self._fetch("train", torch.arange(size))
         if self._channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         factor = spec.slowdown.get(self.rank, 1.0)
@@ -710,13 +865,11 @@ class TrialWorker:
         nv = self._data.num_val
         lo = self.rank * nv // self.world_size
         hi = (self.rank + 1) * nv // self.world_size
-        x = self._data.val_x[lo:hi]
-        y = self._data.val_y[lo:hi]
         batch = spec.eval_batch_size
         while True:
             try:
                 with self._autocast():
-                    sums, count = evaluate_sums(self._task.eval_sums, self._model, x, y, batch)
+                    sums, count = self._eval_shard(lo, hi, batch)
                 break
             except torch.OutOfMemoryError:
                 if self.device.type == "cuda":
@@ -727,11 +880,8 @@ class TrialWorker:
         keys = self._eval_keys
         if keys is None:  # the same on every rank: a rank with an empty shard asks the task
             if not sums and self._data.num_val > 0:
-                one = self._data.val_x[:1], self._data.val_y[:1]
                 with self._autocast():
-                    sums = dict.fromkeys(
-                        evaluate_sums(self._task.eval_sums, self._model, *one)[0], 0.0
-                    )
+                    sums = dict.fromkeys(self._eval_shard(0, 1, 1)[0], 0.0)
             keys = sorted(sums)
             self._eval_keys = keys
         totals = torch.tensor(
@@ -752,6 +902,23 @@ class TrialWorker:
             value = float(computed[name.removeprefix("val_")])
             result[name] = value if math.isfinite(value) else None
         return result
+
+    def _eval_shard(self, lo: int, hi: int, batch: int) -> tuple[dict[str, float], int]:
+        """The task's summed ``eval_sums`` over validation samples ``lo`` to ``hi``."""
+        data = self._data
+        if isinstance(data, TaskData):
+            x, y = data.val_x[lo:hi], data.val_y[lo:hi]
+            return evaluate_sums(self._task.eval_sums, self._model, x, y, batch)
+        batches = (
+            self._fetch("val", torch.arange(start, min(start + batch, hi)))
+            for start in range(lo, hi, batch)
+        )
+        if self._loader is not None:
+            batches = (
+                (self._on_device(x), self._on_device(y))
+                for x, y in self._loader.read("val", lo, hi, batch)
+            )
+        return evaluate_batches(self._task.eval_sums, self._model, batches)
 
     # ------------------------------------------------------------------ checkpoints
 

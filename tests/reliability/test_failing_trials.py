@@ -32,6 +32,7 @@ from tuner.spec import StudySpec
 from tuner.store import StudyStatus, StudyStore, TrialStatus
 from workers.runner import run_study
 from workers.tasks import BaseTask, TaskData, TaskOptions, get_task, register_task, unregister_task
+from workers.tasks.base import load_tensors
 from workers.trainable import ScheduleTrainable
 
 pytestmark = [
@@ -82,7 +83,7 @@ class StickyOOMDigits(BaseTask[TaskOptions]):
     limit: ClassVar[int] = OOM_ABOVE
 
     def _load(self, opts: TaskOptions, data_seed: int) -> TaskData:
-        return get_task("digits").load_data({"data_seed": data_seed}, data_seed)
+        return load_tensors(get_task("digits"), {"data_seed": data_seed}, data_seed)
 
     def _build(self, opts: TaskOptions) -> nn.Module:
         return _StickyOOM(get_task("digits").build_model({}), self.limit)

@@ -29,6 +29,7 @@ from workers.gang import WorkerContext
 from workers.loop import LARS, TrialOOMError, TrialWorker
 from workers.noise_scale import NoiseScaleEstimator, unbiased_estimates
 from workers.tasks import BaseTask, TaskData, TaskOptions, get_task
+from workers.tasks.base import load_tensors
 from workers.trainable import METRIC_KEYS, ScheduleTrainable
 
 # Worker processes cannot import this test module by name: pickle its classes by value.
@@ -95,7 +96,7 @@ class OOMTask(BaseTask[TaskOptions]):
     limit: ClassVar[int] = 24
 
     def _load(self, opts: TaskOptions, data_seed: int) -> TaskData:
-        return get_task("digits").load_data({"data_seed": data_seed}, data_seed)
+        return load_tensors(get_task("digits"), {"data_seed": data_seed}, data_seed)
 
     def _build(self, opts: TaskOptions) -> nn.Module:
         inner = get_task("digits").build_model({})
@@ -319,7 +320,7 @@ def test_uneven_split_gradient_equals_single_process_gradient(
 
     torch.manual_seed(3)
     model = task.build_model({})
-    data = task.load_data({}, 3)
+    data = load_tensors(task, {}, 3)
     idx = torch.tensor(indices)
     loss = F.cross_entropy(
         model(data.train_x[idx]), data.train_y[idx], reduction="sum", label_smoothing=0.1

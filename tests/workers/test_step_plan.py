@@ -16,6 +16,7 @@ from tuner.schedule import Schedule, Stage
 from workers.gang import WorkerContext
 from workers.loop import TrialWorker
 from workers.tasks import evaluate, get_task
+from workers.tasks.base import load_tensors
 
 #: mnist1d with 1,000 training samples: 1000 % 48 = 40 and 1000 % 64 = 40, so the partial last
 #: steps of drop_last=False split evenly over 2 and 4 workers.
@@ -136,7 +137,7 @@ def test_a_plain_loop_driven_by_the_runtime_trains_the_trial_loops_model() -> No
 
     task = get_task("mnist1d")
     opts = task.validate_options(OPTIONS)
-    data = task.load_data(opts, SEED)
+    data = load_tensors(task, opts, SEED)
     torch.manual_seed(SEED)
     model = task.build_model(opts)
     model.train()

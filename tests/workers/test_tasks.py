@@ -33,6 +33,7 @@ from workers.tasks import (
     register_task,
     unregister_task,
 )
+from workers.tasks.base import load_tensors
 from workers.tasks.cifar10 import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -60,7 +61,7 @@ def assert_same_data(a: TaskData, b: TaskData) -> None:
 @pytest.fixture(scope="module")
 def mnist1d_default() -> TaskData:
     """The default mnist1d data set (5,000 / 2,000 / 8,000), generated once for the module."""
-    return get_task("mnist1d").load_data({}, seed=0)
+    return load_tensors(get_task("mnist1d"), {}, seed=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -157,9 +158,9 @@ def test_third_party_task_loads_through_its_entry_point(
         ],
     )
     task = get_task("ext-demo")
-    assert task.load_data({"n": 6}, seed=0).num_train == 6
+    assert load_tensors(task, {"n": 6}, seed=0).num_train == 6
     with pytest.raises(ValidationError, match="'n'"):
-        task.load_data({"n": 1}, seed=0)
+        load_tensors(task, {"n": 1}, seed=0)
     with pytest.raises(StagetuneError, match="stagetune_no_such_module:TASK"):
         get_task("ext-broken")
     with pytest.raises(StagetuneError, match="calls itself 'ext-demo'"):
@@ -257,14 +258,14 @@ def test_registering_a_builtin_name_needs_replace() -> None:
 
 def test_loaded_data_is_cached_per_options_and_data_seed(tiny_task: _TinyTask) -> None:
     clear_data_cache()
-    first = tiny_task.load_data({}, seed=1)
-    assert tiny_task.load_data({}, seed=2) is first  # default data_seed 0: seed not used
+    first = load_tensors(tiny_task, {}, seed=1)
+    assert load_tensors(tiny_task, {}, seed=2) is first  # default data_seed 0: seed not used
     assert tiny_task.loads == 1
-    tiny_task.load_data({"scale": 2.0}, seed=1)
-    tiny_task.load_data({"data_seed": None}, seed=7)
+    load_tensors(tiny_task, {"scale": 2.0}, seed=1)
+    load_tensors(tiny_task, {"data_seed": None}, seed=7)
     assert tiny_task.loads == 3
     clear_data_cache()
-    tiny_task.load_data({}, seed=1)
+    load_tensors(tiny_task, {}, seed=1)
     assert tiny_task.loads == 4
 
 
@@ -332,21 +333,21 @@ def test_mnist1d_default_splits(mnist1d_default: TaskData) -> None:
 
 def test_mnist1d_is_deterministic_and_independent_of_trial_seed() -> None:
     task = get_task("mnist1d")
-    first = task.load_data(SMALL_MNIST1D, seed=0)
+    first = load_tensors(task, SMALL_MNIST1D, seed=0)
     clear_data_cache()
-    again = task.load_data(SMALL_MNIST1D, seed=123)  # regenerated, same data_seed
+    again = load_tensors(task, SMALL_MNIST1D, seed=123)  # regenerated, same data_seed
     assert again is not first
     assert_same_data(first, again)
-    other = task.load_data({**SMALL_MNIST1D, "data_seed": 1}, seed=0)
+    other = load_tensors(task, {**SMALL_MNIST1D, "data_seed": 1}, seed=0)
     assert not torch.equal(other.train_x, first.train_x)
-    from_trial_seed = task.load_data({**SMALL_MNIST1D, "data_seed": None}, seed=1)
+    from_trial_seed = load_tensors(task, {**SMALL_MNIST1D, "data_seed": None}, seed=1)
     assert_same_data(from_trial_seed, other)
 
 
 def test_mnist1d_test_split_does_not_depend_on_train_size() -> None:
     task = get_task("mnist1d")
-    small = task.load_data(SMALL_MNIST1D, seed=0)
-    larger = task.load_data({**SMALL_MNIST1D, "num_train_samples": 400}, seed=0)
+    small = load_tensors(task, SMALL_MNIST1D, seed=0)
+    larger = load_tensors(task, {**SMALL_MNIST1D, "num_train_samples": 400}, seed=0)
     assert torch.equal(small.test_x, larger.test_x)
     assert torch.equal(small.val_x, larger.val_x)
 
@@ -358,7 +359,7 @@ def test_mnist1d_generation_leaves_global_rngs_alone() -> None:
     expected = (np.random.random(), random.random())
     np.random.seed(5)
     random.seed(5)
-    get_task("mnist1d").load_data({**SMALL_MNIST1D, "data_seed": 99}, seed=0)
+    load_tensors(get_task("mnist1d"), {**SMALL_MNIST1D, "data_seed": 99}, seed=0)
     assert (np.random.random(), random.random()) == expected
 
 
@@ -368,7 +369,7 @@ def test_mnist1d_generation_leaves_global_rngs_alone() -> None:
 
 def test_digits_splits_are_standardised_stratified_and_deterministic() -> None:
     task = get_task("digits")
-    data = task.load_data({}, seed=0)
+    data = load_tensors(task, {}, seed=0)
     assert (data.num_train, data.num_val, data.num_test) == (1079, 359, 359)
     assert data.train_x.shape == (1079, 64)
     assert data.input_shape == (64,)
@@ -378,8 +379,8 @@ def test_digits_splits_are_standardised_stratified_and_deterministic() -> None:
     for _, y in (data.split("val"), data.split("test")):
         assert torch.bincount(y, minlength=10).min() >= 33  # about 36 of each digit
     clear_data_cache()
-    assert_same_data(data, task.load_data({}, seed=5))
-    assert not torch.equal(task.load_data({"data_seed": 1}, seed=0).test_y, data.test_y)
+    assert_same_data(data, load_tensors(task, {}, seed=5))
+    assert not torch.equal(load_tensors(task, {"data_seed": 1}, seed=0).test_y, data.test_y)
 
 
 def test_synthetic_follows_its_options() -> None:
@@ -391,7 +392,7 @@ def test_synthetic_follows_its_options() -> None:
         "num_features": 12,
         "num_classes": 3,
     }
-    data = task.load_data(options, seed=0)
+    data = load_tensors(task, options, seed=0)
     assert data.train_x.shape == (500, 12)
     assert (data.num_val, data.num_test) == (50, 70)
     assert data.num_classes == 3
@@ -399,8 +400,8 @@ def test_synthetic_follows_its_options() -> None:
     assert data.train_x.dtype == torch.float32
     assert rows_shared(data.test_x, data.train_x) == 0
     clear_data_cache()
-    assert_same_data(data, task.load_data(options, seed=9))
-    more = task.load_data({**options, "num_samples": 600}, seed=0)
+    assert_same_data(data, load_tensors(task, options, seed=9))
+    more = load_tensors(task, {**options, "num_samples": 600}, seed=0)
     assert torch.equal(more.test_x, data.test_x)
 
 
@@ -437,7 +438,7 @@ def test_cifar10_reads_the_python_format(tmp_path: Path) -> None:
     written = _write_original_format(tmp_path / "cifar", n_per_batch=8, seed=0)
     task = get_task("cifar10")
     options = {"data_dir": str(tmp_path / "cifar"), "num_val_samples": 10}
-    data = task.load_data(options, seed=0)
+    data = load_tensors(task, options, seed=0)
     assert (data.num_train, data.num_val, data.num_test) == (30, 10, 8)
     assert data.input_shape == (3, 32, 32)
     assert data.train_x.dtype == torch.float32
@@ -460,8 +461,8 @@ def test_cifar10_reads_the_python_format(tmp_path: Path) -> None:
     assert sorted(map(bytes, restored.numpy())) == sorted(map(bytes, train_raw))
 
     clear_data_cache()
-    assert_same_data(data, task.load_data(options, seed=3))
-    quick = task.load_data({**options, "max_train_samples": 12, "max_test_samples": 5}, seed=0)
+    assert_same_data(data, load_tensors(task, options, seed=3))
+    quick = load_tensors(task, {**options, "max_train_samples": 12, "max_test_samples": 5}, seed=0)
     assert (quick.num_train, quick.num_val, quick.num_test) == (12, 10, 5)
     assert torch.equal(quick.val_x, data.val_x)
 
@@ -476,7 +477,7 @@ def test_cifar10_writer_round_trips(tmp_path: Path) -> None:
     assert len(data) == 5  # 23 images over 5 batches: 5, 5, 5, 4, 4
     np.testing.assert_array_equal(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), images[:5])
     np.testing.assert_array_equal(read_labels, labels[:5])
-    task_data = get_task("cifar10").load_data({"data_dir": str(out), "num_val_samples": 3}, 0)
+    task_data = load_tensors(get_task("cifar10"), {"data_dir": str(out), "num_val_samples": 3}, 0)
     assert (task_data.num_train, task_data.num_val, task_data.num_test) == (20, 3, 4)
 
 
@@ -484,12 +485,12 @@ def test_cifar10_writer_round_trips(tmp_path: Path) -> None:
 def test_cifar10_rejects_missing_directory_and_files(tmp_path: Path) -> None:
     task = get_task("cifar10")
     with pytest.raises(ValidationError, match="does not exist"):
-        task.load_data({"data_dir": str(tmp_path / "nowhere")}, seed=0)
+        load_tensors(task, {"data_dir": str(tmp_path / "nowhere")}, seed=0)
     _write_original_format(tmp_path / "partial", n_per_batch=2, seed=0)
     os.remove(tmp_path / "partial" / "data_batch_3")
     os.remove(tmp_path / "partial" / "test_batch")
     with pytest.raises(ValidationError) as info:
-        task.load_data({"data_dir": str(tmp_path / "partial")}, seed=0)
+        load_tensors(task, {"data_dir": str(tmp_path / "partial")}, seed=0)
     message = str(info.value)
     assert "data_batch_3, test_batch" in message
     assert "data_batch_1" not in message.split("lacks")[1].split("(")[0]
@@ -499,7 +500,7 @@ def test_cifar10_rejects_missing_directory_and_files(tmp_path: Path) -> None:
 def test_cifar10_rejects_too_large_val_split(tmp_path: Path) -> None:
     _write_original_format(tmp_path / "c", n_per_batch=2, seed=0)
     with pytest.raises(ValidationError, match=r"num_val_samples = 5000 .* 10 training images"):
-        get_task("cifar10").load_data({"data_dir": str(tmp_path / "c")}, seed=0)
+        load_tensors(get_task("cifar10"), {"data_dir": str(tmp_path / "c")}, seed=0)
 
 
 class _Payload:
@@ -513,12 +514,14 @@ def test_cifar10_refuses_pickles_that_run_code(tmp_path: Path) -> None:
     with open(tmp_path / "c" / "test_batch", "wb") as fh:
         pickle.dump({b"data": _Payload(), b"labels": [0]}, fh)
     with pytest.raises(ValidationError, match="refusing to load"):
-        get_task("cifar10").load_data({"data_dir": str(tmp_path / "c"), "num_val_samples": 1}, 0)
+        load_tensors(
+            get_task("cifar10"), {"data_dir": str(tmp_path / "c"), "num_val_samples": 1}, 0
+        )
 
 
 def test_cifar10_data_dir_is_relative_to_the_datasets_root(datasets_root: Path) -> None:
     _write_original_format(datasets_root / "cifar", n_per_batch=2, seed=0)
-    data = get_task("cifar10").load_data({"data_dir": "cifar", "num_val_samples": 2}, 0)
+    data = load_tensors(get_task("cifar10"), {"data_dir": "cifar", "num_val_samples": 2}, 0)
     assert (data.num_train, data.num_val, data.num_test) == (8, 2, 2)
 
 
@@ -536,7 +539,7 @@ def test_cifar10_loading_rechecks_the_path_policy(
     (datasets_root / "link").symlink_to(outside, target_is_directory=True)
     clear_data_cache()
     with pytest.raises(ValidationError, match="data_dir") as info:
-        get_task("cifar10").load_data({"data_dir": data_dir, "num_val_samples": 2}, 0)
+        load_tensors(get_task("cifar10"), {"data_dir": data_dir, "num_val_samples": 2}, 0)
     assert "STAGETUNE_DATASETS_DIR" in str(info.value)
 
 
@@ -625,7 +628,7 @@ def test_evaluate_matches_cross_entropy_and_accuracy() -> None:
 def test_digits_trains_to_high_accuracy_quickly() -> None:
     torch.set_num_threads(1)
     task = get_task("digits")
-    data = task.load_data({}, seed=0)
+    data = load_tensors(task, {}, seed=0)
     torch.manual_seed(0)
     model = task.build_model({})
     _, accuracy_before = evaluate(model, data.val_x, data.val_y)

@@ -79,7 +79,9 @@ from importlib.metadata import EntryPoint, entry_points
 from tuner.errors import ConflictError, NotFoundError, StagetuneError
 from tuner.tasks import ENTRY_POINT_GROUP, register_task_name, unregister_task_name
 from workers.tasks.base import (
+    AnyTaskData,
     BaseTask,
+    DatasetData,
     OptimizerDefaults,
     Task,
     TaskData,
@@ -92,13 +94,16 @@ from workers.tasks.base import (
     evaluate_metrics,
     evaluate_sums,
     evaluate_totals,
+    load_tensors,
     set_data_cache_size,
     task_info,
 )
 
 __all__ = [
     "BUILTIN_TASKS",
+    "AnyTaskData",
     "BaseTask",
+    "DatasetData",
     "OptimizerDefaults",
     "Task",
     "TaskData",
@@ -113,6 +118,7 @@ __all__ = [
     "evaluate_totals",
     "get_task",
     "list_tasks",
+    "load_tensors",
     "register_task",
     "set_data_cache_size",
     "task_names",

@@ -12,15 +12,16 @@ import json
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Final, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import pydantic
 import torch
 from pydantic import BaseModel
 from torch import nn
+from torch.utils.data import Dataset, default_collate
 
 from tuner.errors import ValidationError
 from tuner.task_paths import check_data_path, path_fields
@@ -41,9 +42,11 @@ __all__ = [
     "derive_seed",
     "describe_field",
     "evaluate",
+    "evaluate_batches",
     "evaluate_metrics",
     "evaluate_sums",
     "evaluate_totals",
+    "load_tensors",
     "parse_options",
     "set_data_cache_size",
     "task_info",
@@ -124,6 +127,24 @@ class TaskData:
     def num_test(self) -> int:
         return int(self.test_y.shape[0])
 
+    @property
+    def in_memory(self) -> bool:
+        return True
+
+    @property
+    def sample_dims(self) -> int:
+        """Dimensions of a batch of inputs (``1 + len(input_shape)``)."""
+        return 1 + len(self.input_shape)
+
+    def batch(self, split: Split, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples ``indices`` of ``split`` as ``(inputs, targets)`` (on the data's
+        device)."""
+        x, y = self.split(split)
+        return x[indices], y[indices]
+
+    def size(self, split: Split) -> int:
+        return int(self.split(split)[1].shape[0])
+
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> TaskData:
         """A copy with every tensor on ``device`` (the same object's tensors if already there)."""
         return replace(
@@ -135,6 +156,101 @@ class TaskData:
             test_x=self.test_x.to(device, non_blocking=non_blocking),
             test_y=self.test_y.to(device, non_blocking=non_blocking),
         )
+
+
+class DatasetData:
+    """A task's data as map-style :class:`torch.utils.data.Dataset` s, for data that does not
+    fit in memory or is read from disk: ``dataset[i]`` is one sample ``(input, target)``
+    (tensors, or NumPy arrays / numbers that ``default_collate`` turns into tensors); the
+    training loop collates the samples of each step itself, so every rank's samples for each
+    step follow the schedule's global batch and the seeded permutation exactly as with
+    in-memory :class:`TaskData` (the same samples give the same batches).
+
+    ``loader_workers`` > 0 reads each step's samples ahead in that many DataLoader worker
+    processes (persistent for the trial; batches pinned for a GPU); 0 reads them in the
+    training process. ``num_classes`` and ``input_shape`` mean what they mean for
+    :class:`TaskData`; the classification checks apply to collated batches (by
+    :func:`check_model`), not to every sample up front.
+    """
+
+    def __init__(
+        self,
+        train: Dataset[Any],
+        val: Dataset[Any],
+        test: Dataset[Any],
+        *,
+        input_shape: tuple[int, ...],
+        num_classes: int | None = None,
+        loader_workers: int = 0,
+        collate: Callable[[list[Any]], Any] | None = None,
+    ) -> None:
+        if num_classes is not None and num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2 (or None), got {num_classes}")
+        if loader_workers < 0:
+            raise ValueError(f"loader_workers must be >= 0, got {loader_workers}")
+        self.train, self.val, self.test = train, val, test
+        self.input_shape = tuple(input_shape)
+        self.num_classes = num_classes
+        self.loader_workers = loader_workers
+        self.collate: Callable[[list[Any]], Any] = collate or default_collate
+        for split in ("train", "val", "test"):
+            try:
+                len(getattr(self, split))
+            except TypeError:
+                raise ValueError(
+                    f"the {split} dataset must be map-style (define __len__ and __getitem__)"
+                ) from None
+
+    in_memory: Final = False
+
+    @property
+    def sample_dims(self) -> int:
+        return 1 + len(self.input_shape)
+
+    def dataset(self, split: Split) -> Dataset[Any]:
+        if split not in ("train", "val", "test"):
+            raise ValueError(f"unknown split {split!r}; expected 'train', 'val' or 'test'")
+        dataset: Dataset[Any] = getattr(self, split)
+        return dataset
+
+    def size(self, split: Split) -> int:
+        return len(self.dataset(split))  # type: ignore[arg-type]
+
+    @property
+    def num_train(self) -> int:
+        return self.size("train")
+
+    @property
+    def num_val(self) -> int:
+        return self.size("val")
+
+    @property
+    def num_test(self) -> int:
+        return self.size("test")
+
+    def batch(self, split: Split, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples ``indices`` of ``split``, read and collated in this process."""
+        dataset = self.dataset(split)
+        return collate_pair(self.collate, [dataset[int(i)] for i in indices.tolist()])
+
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> DatasetData:
+        """The same data: samples are read on the CPU and each batch is moved by the loop."""
+        return self
+
+
+def collate_pair(collate: Callable[[list[Any]], Any], samples: list[Any]) -> tuple[Any, Any]:
+    """``(inputs, targets)`` of collated ``(input, target)`` samples."""
+    batch = collate(samples)
+    if not isinstance(batch, list | tuple) or len(batch) != 2:
+        raise ValidationError(
+            "a dataset sample must be a pair (input, target); got "
+            f"{type(samples[0]).__name__ if samples else 'nothing'}"
+        )
+    return batch[0], batch[1]
+
+
+#: What a task's ``load_data`` returns: tensors in memory, or map-style datasets.
+AnyTaskData = TaskData | DatasetData
 
 
 @dataclass(frozen=True)
@@ -184,7 +300,7 @@ class Task(Protocol):
         """The options with defaults filled in (JSON-compatible); ``ValidationError`` if bad."""
         ...
 
-    def load_data(self, options: Mapping[str, Any] | None, seed: int) -> TaskData:
+    def load_data(self, options: Mapping[str, Any] | None, seed: int) -> AnyTaskData:
         """The task's data, deterministic in (options, data seed); cached in-process."""
         ...
 
@@ -247,14 +363,34 @@ class TaskInfo:
     primary_metric: str = "val_accuracy"
 
 
-def check_model(task: Task, options: Mapping[str, Any] | None, data: TaskData) -> nn.Module:
+def check_model(task: Task, options: Mapping[str, Any] | None, data: AnyTaskData) -> nn.Module:
     """Build the task's model, run it on two training samples and evaluate the task's loss and
     metrics on its output. Returns the model; raises :class:`ValidationError` naming the task
     and what is wrong (a model that does not build or run, logits of the wrong shape for a
     classification task, a loss that is not a finite scalar, a declared metric the task does
     not compute), before any trial runs (every trial would fail the same way)."""
-    x = data.train_x[:2]
-    y = data.train_y[:2]
+    if data.num_train < 2:
+        raise ValidationError(
+            f"task {task.name!r}: its training split has {data.num_train} samples"
+        )
+    try:
+        x, y = data.batch("train", torch.arange(2))
+    except ValidationError as exc:
+        raise ValidationError(f"task {task.name!r}: {exc}") from None
+    except Exception as exc:
+        raise ValidationError(
+            f"task {task.name!r}: reading two training samples failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise ValidationError(
+            f"task {task.name!r}: a batch of samples collates to ({type(x).__name__}, "
+            f"{type(y).__name__}); expected tensors (input, target)"
+        )
+    if tuple(x.shape[1:]) != tuple(data.input_shape):
+        raise ValidationError(
+            f"task {task.name!r}: its samples have input shape {tuple(x.shape[1:])}, "
+            f"expected input_shape {tuple(data.input_shape)}"
+        )
     try:
         model = task.build_model(options)
     except ValidationError:
@@ -320,6 +456,15 @@ def _check_loss_and_metrics(task: Task, out: torch.Tensor, y: torch.Tensor) -> N
             f"task {task.name!r}: metrics_from_sums returns {sorted(values)} but the task "
             f"declares {', '.join(missing)} (return each declared metric without its val_ prefix)"
         )
+
+
+def load_tensors(task: Task, options: Mapping[str, Any] | None, seed: int) -> TaskData:
+    """``task.load_data`` of a task whose data is in memory (every built-in task's);
+    ``ValidationError`` for a task that reads map-style datasets."""
+    data = task.load_data(options, seed)
+    if not isinstance(data, TaskData):
+        raise ValidationError(f"task {task.name!r} reads its data from datasets, not tensors")
+    return data
 
 
 def task_info(task: Task) -> TaskInfo:
@@ -390,17 +535,17 @@ class _DataCache:
 
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
-        self._entries: OrderedDict[Hashable, TaskData] = OrderedDict()
+        self._entries: OrderedDict[Hashable, AnyTaskData] = OrderedDict()
         self.lock = threading.RLock()
 
-    def get(self, key: Hashable) -> TaskData | None:
+    def get(self, key: Hashable) -> AnyTaskData | None:
         with self.lock:
             data = self._entries.get(key)
             if data is not None:
                 self._entries.move_to_end(key)
             return data
 
-    def put(self, key: Hashable, data: TaskData) -> None:
+    def put(self, key: Hashable, data: AnyTaskData) -> None:
         with self.lock:
             if self.max_entries <= 0:
                 return
@@ -469,7 +614,7 @@ class BaseTask(ABC, Generic[OptionsT]):
         dumped: dict[str, Any] = self.parse(options).model_dump(mode="json")
         return dumped
 
-    def load_data(self, options: Mapping[str, Any] | None, seed: int) -> TaskData:
+    def load_data(self, options: Mapping[str, Any] | None, seed: int) -> AnyTaskData:
         opts = self.resolve_paths(self.parse(options))
         data_seed = opts.data_seed if opts.data_seed is not None else int(seed)
         key = (
@@ -541,7 +686,7 @@ class BaseTask(ABC, Generic[OptionsT]):
         return ()
 
     @abstractmethod
-    def _load(self, opts: OptionsT, data_seed: int) -> TaskData: ...
+    def _load(self, opts: OptionsT, data_seed: int) -> AnyTaskData: ...
 
     @abstractmethod
     def _build(self, opts: OptionsT) -> nn.Module: ...
@@ -580,25 +725,38 @@ def evaluate_sums(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x has {x.shape[0]} rows but y {y.shape[0]}")
+    batches = (
+        (x[start : start + batch_size], y[start : start + batch_size])
+        for start in range(0, x.shape[0], batch_size)
+    )
+    return evaluate_batches(sums_of, model, batches)
+
+
+def evaluate_batches(
+    sums_of: Callable[[torch.Tensor, torch.Tensor], Mapping[str, torch.Tensor]],
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[dict[str, float], int]:
+    """:func:`evaluate_sums` over ``(inputs, targets)`` batches (e.g. read from a dataset)."""
     device = _model_device(model)
     was_training = model.training
     model.eval()
     totals: dict[str, torch.Tensor] = {}
+    count = 0
     try:
         with torch.no_grad():
-            for start in range(0, x.shape[0], batch_size):
-                xb = x[start : start + batch_size]
-                yb = y[start : start + batch_size]
+            for xb, yb in batches:
                 if device is not None and xb.device != device:
                     xb = xb.to(device, non_blocking=True)
                     yb = yb.to(device, non_blocking=True)
                 sums = sums_of(model(xb).float(), yb)
+                count += int(yb.shape[0])
                 for key, value in sums.items():
                     value = value.detach().double()
                     totals[key] = totals[key] + value if key in totals else value
     finally:
         model.train(was_training)
-    return {k: float(v.item()) for k, v in totals.items()}, int(x.shape[0])
+    return {k: float(v.item()) for k, v in totals.items()}, count
 
 
 def evaluate_metrics(
