@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import re
+from collections.abc import Iterator
+from typing import ClassVar
 
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from tuner.errors import StagetuneError, ValidationError
 from tuner.formatting import format_bytes
 from tuner.objectives import (
     StudyObjective,
@@ -15,6 +21,7 @@ from tuner.objectives import (
     trial_status,
 )
 from tuner.spec import StudySpec
+from tuner.tasks import metric_declaration, register_task_name, unregister_task_name
 
 
 def objective(yaml_objective: str, epochs: int = 10) -> StudyObjective:
@@ -236,3 +243,134 @@ def test_search_text_shows_the_disk_the_boundary_states_took() -> None:
 )
 def test_sizes_read_in_powers_of_1024(size: float | None, text: str) -> None:
     assert format_bytes(size) == text
+
+
+# ---------------------------------------------------------------------------- any metric
+
+
+class _RestorationOptions(BaseModel):
+    """A torch-free declaration like an image-restoration task's: PSNR up, loss down."""
+
+    model_config = ConfigDict(extra="forbid")
+    metrics: ClassVar[dict[str, str]] = {"val_psnr": "max", "val_loss": "min"}
+    primary_metric: ClassVar[str] = "val_psnr"
+
+
+@pytest.fixture
+def restoration_task() -> Iterator[str]:
+    register_task_name("test_restoration", _RestorationOptions)
+    yield "test_restoration"
+    unregister_task_name("test_restoration")
+
+
+def metric_objective(task: str, yaml_objective: str = "{}", epochs: int = 10) -> StudyObjective:
+    spec = StudySpec.from_yaml(f"task: {task}\nobjective: {yaml_objective}")
+    return StudyObjective.of(spec, epochs)
+
+
+def test_the_metric_is_the_tasks_primary_one_unless_the_objective_names_one(
+    restoration_task: str,
+) -> None:
+    psnr = metric_objective(restoration_task)
+    assert (psnr.metric, psnr.metric_direction) == ("val_psnr", "max")
+    assert (psnr.names, psnr.directions) == (("val_psnr",), ("maximize",))
+    loss = metric_objective(restoration_task, "{metric: val_loss}")
+    assert (loss.names, loss.directions) == (("val_loss",), ("minimize",))
+    assert (loss.scheduler_metric, loss.scheduler_mode) == ("val_loss", "min")
+    pareto = metric_objective(restoration_task, "{kind: pareto, metric: val_loss}")
+    assert (pareto.names, pareto.directions) == (("val_loss", "steps"), ("minimize", "minimize"))
+    # Classification declares accuracy (primary) and loss.
+    assert metric_objective("mnist1d").names == ("val_accuracy",)
+    assert metric_objective("mnist1d", "{metric: val_loss}").directions == ("minimize",)
+
+
+@pytest.mark.parametrize(
+    ("task", "objective_text", "message"),
+    [
+        (
+            "mnist1d",
+            "{metric: val_psnr}",
+            "objective.metric 'val_psnr' is not a metric of task 'mnist1d'; it reports "
+            "val_accuracy (max), val_loss (min)",
+        ),
+        (
+            "test_restoration",
+            "{kind: time_to_accuracy, target_accuracy: 0.9, metric: val_loss}",
+            "give target (a value of val_loss) instead",
+        ),
+        ("test_restoration", "{kind: time_to_accuracy}", "needs one target"),
+        ("mnist1d", "{metric: accuracy}", "objective.metric"),
+    ],
+)
+def test_a_metric_the_task_does_not_report_is_refused_at_submission(
+    restoration_task: str, task: str, objective_text: str, message: str
+) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        StudySpec.from_yaml(f"task: {task}\nobjective: {objective_text}")
+
+
+def test_a_loss_study_picks_the_lowest_loss_and_stops_at_a_target_below(
+    restoration_task: str,
+) -> None:
+    loss = metric_objective(restoration_task, "{metric: val_loss}")
+    assert loss.values({**report(10, 0.0, 500), "val_loss": 0.25}) == (0.25,)
+    low, high = outcome(1, (0.2,)), outcome(2, (0.3,))
+    assert select_best([high, low], loss)[0] is low
+    assert loss.score_of(0.2) == -0.2  # what ASHA, PBT and the seed picks rank: larger is better
+
+    target = metric_objective(
+        restoration_task, "{kind: time_to_accuracy, metric: val_loss, target: 0.5}"
+    )
+    assert target.reached_target({"val_loss": 0.5})
+    assert not target.reached_target({"val_loss": 0.51})
+    assert target.values({**report(5, 0.0, 300), "val_loss": 0.4}) == (300.0,)
+    # A miss after all 10 epochs: 2 x cost x (1 + shortfall), shortfall in the metric's units.
+    assert target.values({**report(10, 0.0, 600), "val_loss": 0.75}) == pytest.approx(
+        (2 * 600 * 1.25,)
+    )
+    status, reason = trial_status(target, {**report(4, 0.0, 100), "val_loss": 0.3}, error=False)
+    assert (status, reason) == ("completed", "reached the target val_loss after 4 epoch(s)")
+
+    psnr = metric_objective(restoration_task, "{kind: time_to_accuracy, target: 30}")
+    assert psnr.reached_target({"val_psnr": 30.5})
+    # A PSNR 3 dB short of 30 dB: the shortfall is relative to the target (10 %).
+    assert psnr.values({**report(10, 0.0, 600), "val_psnr": 27.0}) == pytest.approx(
+        (2 * 600 * 1.1,)
+    )
+
+
+def test_the_summary_names_the_metric_and_compares_baselines_on_it(
+    restoration_task: str,
+) -> None:
+    loss = metric_objective(restoration_task, "{metric: val_loss}")
+    tuned = outcome(3, (0.2,), acc=0.2)
+    base = outcome(0, (0.3,), baseline="small_batch", acc=0.3)
+    summary = summarize([base, tuned], loss)
+    assert summary["objective"]["metric"] == "val_loss"
+    assert summary["objective"]["metric_direction"] == "min"
+    assert summary["best"]["metric"] == "val_loss"
+    assert summary["best"]["metric_value"] == 0.2
+    assert summary["baselines"][0]["vs_best"]["metric_delta"] == pytest.approx(-0.1)
+
+
+def test_a_broken_metric_declaration_is_the_tasks_bug_and_says_what_to_fix() -> None:
+    class NoLoss(BaseModel):
+        metrics: ClassVar[dict[str, str]] = {"val_psnr": "max"}
+
+    class BadName(BaseModel):
+        metrics: ClassVar[dict[str, str]] = {"psnr": "max", "val_loss": "min"}
+
+    class BadPrimary(BaseModel):
+        metrics: ClassVar[dict[str, str]] = {"val_loss": "min"}
+        primary_metric: ClassVar[str] = "val_psnr"
+
+    with pytest.raises(StagetuneError, match="val_loss \\(min\\) must be one of them"):
+        metric_declaration("t", NoLoss)
+    with pytest.raises(StagetuneError, match="must be named val_<name>"):
+        metric_declaration("t", BadName)
+    with pytest.raises(StagetuneError, match="primary_metric 'val_psnr' is not one of them"):
+        metric_declaration("t", BadPrimary)
+    assert metric_declaration("t", None) == (
+        {"val_accuracy": "max", "val_loss": "min"},
+        "val_accuracy",
+    )
