@@ -193,6 +193,7 @@ def build(url: str, trials: int, epochs: int, seed: int = 0) -> int:
                     stop_reason=reason,
                     epochs_done=done,
                     val_accuracy=stored.val_accuracy,
+                    metric_value=stored.val_accuracy,
                     steps=stored.steps,
                     samples=stored.samples,
                     wall_time_s=stored.wall_time_s,

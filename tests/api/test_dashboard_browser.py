@@ -24,9 +24,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 from tuner.baselines import build_baselines
 from tuner.formatting import format_duration
@@ -37,6 +38,7 @@ from tuner.space import ScheduleSpace
 from tuner.spec import StudySpec, TaskDefaults
 from tuner.store import StudyStore, TrialRecord, TrialStatus
 from tuner.store.migrate import upgrade
+from tuner.tasks import register_task_name, unregister_task_name
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -310,6 +312,7 @@ def _outcome(plan: TrialPlan, record: Any) -> TrialOutcome:
         stop_reason=plan.stop_reason,
         epochs_done=plan.epochs,
         val_accuracy=record.val_accuracy,
+        metric_value=record.val_accuracy,
         steps=record.steps,
         samples=record.samples,
         wall_time_s=record.wall_time_s,
@@ -374,7 +377,7 @@ def seed_database(url: str) -> Seeded:
             seed_stats(
                 f,
                 {
-                    s: dataclasses.replace(f, val_accuracy=acc, values=(acc,))
+                    s: dataclasses.replace(f, val_accuracy=acc, metric_value=acc, values=(acc,))
                     for s, acc in zip(
                         seeds,
                         [(f.val_accuracy or 0) - d for d in (0.003, 0.001, 0.005)],
@@ -1058,3 +1061,97 @@ def test_the_readme_screenshot_is_of_a_real_study(
         _chart(page, "chart-cost")
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "study-page.png"), full_page=True)
+
+
+class _LanguageModelOptions(BaseModel):
+    """A torch-free declaration like a language model's: loss and perplexity, both down."""
+
+    model_config = ConfigDict(extra="forbid")
+    metrics: ClassVar[dict[str, str]] = {"val_loss": "min", "val_perplexity": "min"}
+    primary_metric: ClassVar[str] = "val_loss"
+
+
+def test_a_loss_minimising_study_reads_lower_as_better(server: Server, page: Any) -> None:
+    """A study of a task whose metric is its validation loss: the curves, the table, the
+    headline and the cost chart show the loss, lower is better (the front keeps the lowest
+    loss per cost, the best is the lowest final loss, deltas below a baseline are good)."""
+    register_task_name("test_lm_like", _LanguageModelOptions)
+    try:
+        spec = StudySpec.from_yaml(
+            "task: test_lm_like\nname: lm-loss\nschedule: {total_epochs: 3, base_lr: 0.001, "
+            "base_batch_size: 16}\nbudget: {trials: 5}"
+        )
+        objective = StudyObjective.of(spec, 3)
+        assert (objective.metric, objective.metric_direction) == ("val_loss", "min")
+        # (baseline, final loss, steps): the baseline is slow and worse; trial 3 is the best;
+        # trial 4 has the fewest steps but a higher loss than trial 3.
+        plans = [("small_batch", 2.10, 900), (None, 1.90, 600), (None, 2.40, 300),
+                 (None, 1.70, 450), (None, 2.00, 150)]  # fmt: skip
+        doc = _schedule_doc()
+        with StudyStore(server.db_url) as store:
+            study = store.create_study(spec.task, spec.to_dict(), 5, name=spec.name)
+            assert store.claim_study("worker-lm", 60) is not None
+            records = []
+            for number, (baseline, loss, steps) in enumerate(plans):
+                trial = store.create_trial(study.id, number, doc, {}, baseline=baseline)
+                for epoch in range(3):
+                    value = loss + 0.5 * (2 - epoch)
+                    metrics = {"val_loss": value, "val_perplexity": math.exp(value)}
+                    store.add_epoch_metrics(trial.id, epoch, {**metrics, "steps": steps})
+                records.append(
+                    store.finish_trial(
+                        trial.id,
+                        "completed",
+                        stop_reason="trained all 3 epochs",
+                        final={
+                            "val_loss": loss,
+                            "metric_value": loss,
+                            "steps": steps,
+                            "samples": steps * 16,
+                            "wall_time_s": steps / 10,
+                            "objective_values": {"val_loss": loss},
+                        },
+                    )
+                )
+            outcomes = [
+                TrialOutcome(
+                    number=r.number,
+                    baseline=r.baseline,
+                    schedule=r.schedule,
+                    status="completed",
+                    epochs_done=3,
+                    metric_value=r.metric_value,
+                    steps=r.steps,
+                    samples=r.samples,
+                    wall_time_s=r.wall_time_s,
+                    values=(r.metric_value or 0.0,),
+                )
+                for r in records
+            ]
+            summary = summarize(outcomes, objective)
+            assert summary["best"]["number"] == 3
+            store.set_best(study.id, records[3].id, 1.70)
+            store.finish_study(study.id, "completed", summary=summary)
+
+        page.goto(f"{server.base_url}/studies/{study.id}")
+        page.wait_for_selector("#comparison-table")
+        axis = page.evaluate("document.getElementById('chart-curves').layout.yaxis.title.text")
+        assert axis == "validation loss"
+        assert "validation loss per epoch" in page.locator(".card-head h2").first.inner_text()
+        best = page.locator("#kpi-best")
+        assert best.locator(".kpi-label").text_content() == "Best validation loss"
+        assert "1.700" in best.locator(".kpi-value").inner_text()
+        # The baseline's loss is 0.4 higher: the best is 0.4 below it, which is good.
+        delta = page.locator('#comparison-table tr[data-number="0"] td:nth-child(2) .delta span')
+        assert delta.get_attribute("class") == "good"
+        assert delta.inner_text() == "−0.400"
+        # Pareto front of (steps, loss): lowest loss for its cost, sweeping by cost.
+        front = next(t for t in _chart(page, "chart-cost") if t["meta"] == "pareto")
+        assert list(zip(front["x"], front["y"], strict=True)) == [(150, 2.0), (450, 1.7)]
+        # Sorting the table by the metric column: ascending puts the lowest loss first.
+        header = page.locator("#trials-table th[data-key='metric_value']")
+        assert header.inner_text().strip() == "Validation loss"
+        header.click()
+        assert _row_numbers(page) == [3, 1, 4, 0, 2]
+    finally:
+        unregister_task_name("test_lm_like")
