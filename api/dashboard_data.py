@@ -418,6 +418,8 @@ def _comparison_row(source: Mapping[str, Any], role: str) -> dict[str, Any]:
     for key in _COMPARED_KEYS:
         value = source.get(key)
         row[key] = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if row["metric_value"] is None and source.get("metric") is None:
+        row["metric_value"] = row["val_accuracy"]  # a summary written before studies had metrics
     # A finalist's seed runs (see tuner.seeds): its metric over the fresh seeds.
     seeds = source.get("seeds")
     row["seeds_text"] = seed_text(seeds) if isinstance(seeds, Mapping) else None

@@ -267,6 +267,14 @@
     if (f === "db") return ".2f";
     return axisTicks ? "" : ".4g";
   }
+  // A comparison stored before studies had metrics has only the accuracy difference.
+  function withMetricDelta(v) {
+    if (v.metric_delta != null || v.accuracy_delta == null) return v;
+    var copy = {};
+    Object.keys(v).forEach(function (k) { copy[k] = v[k]; });
+    copy.metric_delta = v.accuracy_delta;
+    return copy;
+  }
   function metricBetter(a, b) { return metric().dir === "min" ? a < b : a > b; }
   function capital(text) { return text.charAt(0).toUpperCase() + text.slice(1); }
 
@@ -388,7 +396,7 @@
     var rows = S.comparison.filter(function (r) { return r.role === "baseline" && r.vs_best; });
     var ref = rows.filter(function (r) { return r.baseline === "small_batch"; })[0] || rows[0];
     if (ref && !ref.is_best) {
-      var v = ref.vs_best;
+      var v = withMetricDelta(ref.vs_best);
       var steps = ratioText(v.steps_ratio, "steps");
       cards.push(kpi("vs " + esc(baselineLabel(ref.baseline)),
         ratioValue(v.steps_ratio, "steps"),
@@ -795,7 +803,7 @@
           (r.candidate ? " (" + baselineLabel(r.candidate) + " candidate)" : "") :
         r.candidate ? baselineLabel(r.candidate) + " candidate · #" + r.number :
         baselineLabel(r.baseline) + " · #" + r.number;
-      var v = r.vs_best || {};
+      var v = withMetricDelta(r.vs_best || {});
       function cell(text, delta) {
         return "<td>" + text + (delta && !isBestRow ? '<span class="delta">' + delta + "</span>" : "") + "</td>";
       }
