@@ -23,12 +23,14 @@ from tuner.tasks import CLASSIFICATION_METRICS
 
 __all__ = [
     "CLASSIFICATION_METRICS",
+    "MAX_TINYLM_TRAIN_TOKENS",
     "MAX_TOTAL_VALUES",
     "Cifar10Options",
     "DigitsOptions",
     "Mnist1dOptions",
     "SyntheticOptions",
     "TaskOptions",
+    "TinyLMOptions",
 ]
 
 
@@ -103,6 +105,59 @@ class SyntheticOptions(TaskOptions):
                 f"(num_samples + num_val_samples + num_test_samples) x num_features = {total:,} "
                 f"values exceeds the limit of {MAX_TOTAL_VALUES:,} (1 GiB of float32); "
                 "reduce the sample counts or num_features"
+            )
+        return self
+
+
+#: Upper bound of tinylm's num_train_sequences x seq_len: 2**24 int64 tokens = 128 MiB.
+MAX_TINYLM_TRAIN_TOKENS: Final = 2**24
+
+
+class TinyLMOptions(TaskOptions):
+    """Options of ``tinylm``: a byte-level causal Transformer on CPython's pydoc topics.
+
+    Its metrics are a language model's: mean next-byte cross-entropy in nats (``val_loss``,
+    the primary one), ``val_perplexity`` = exp(val_loss) and next-byte ``val_accuracy``.
+    """
+
+    metrics: ClassVar[Mapping[str, Literal["max", "min"]]] = {
+        "val_loss": "min",
+        "val_perplexity": "min",
+        "val_accuracy": "max",
+    }
+    primary_metric: ClassVar[str] = "val_loss"
+
+    seq_len: int = Field(
+        default=64, ge=8, le=1024, description="Tokens (bytes) per sequence the model reads."
+    )
+    num_train_sequences: int = Field(
+        default=2048,
+        ge=16,
+        le=200_000,
+        description="Training sequences, cut at seeded random offsets of the training text.",
+    )
+    num_val_sequences: int = Field(
+        default=512, ge=16, le=4096, description="Validation sequences (non-overlapping)."
+    )
+    num_test_sequences: int = Field(
+        default=512, ge=16, le=4096, description="Held-out test sequences (non-overlapping)."
+    )
+    width: int = Field(default=64, ge=8, le=1024, description="Model width (embedding size).")
+    num_layers: int = Field(default=2, ge=1, le=12, description="Transformer blocks.")
+    num_heads: int = Field(default=4, ge=1, le=16, description="Attention heads per block.")
+
+    @model_validator(mode="after")
+    def _heads_divide_width_and_data_fits(self) -> TinyLMOptions:
+        if self.width % self.num_heads:
+            raise ValueError(
+                f"width ({self.width}) must be a multiple of num_heads ({self.num_heads})"
+            )
+        tokens = self.num_train_sequences * self.seq_len
+        if tokens > MAX_TINYLM_TRAIN_TOKENS:
+            raise ValueError(
+                f"num_train_sequences x seq_len = {tokens:,} tokens exceeds the limit of "
+                f"{MAX_TINYLM_TRAIN_TOKENS:,} (128 MiB of int64 per tensor); reduce "
+                "num_train_sequences or seq_len"
             )
         return self
 

@@ -1,4 +1,4 @@
-"""Training tasks by name: the registry, and the built-ins (mnist1d, digits, synthetic, cifar10).
+"""Training tasks by name: registry and built-ins (mnist1d, digits, synthetic, cifar10, tinylm).
 
 A task bundles data and model (see :class:`workers.tasks.base.Task`)::
 
@@ -133,6 +133,7 @@ BUILTIN_TASKS: dict[str, str] = {
     "digits": "workers.tasks.digits:TASK",
     "synthetic": "workers.tasks.synthetic:TASK",
     "cifar10": "workers.tasks.cifar10:TASK",
+    "tinylm": "workers.tasks.tinylm:TASK",
 }
 
 _lock = threading.RLock()
