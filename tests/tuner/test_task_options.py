@@ -162,7 +162,8 @@ def test_path_options_are_found_by_their_type() -> None:
 
 def test_builtin_tasks_publish_their_options_models() -> None:
     published = {ep.name for ep in entry_points(group=tuner.tasks.OPTIONS_ENTRY_POINT_GROUP)}
-    assert published == set(available_tasks()) >= {"cifar10", "digits", "mnist1d", "synthetic"}
+    builtins = {"cifar10", "digits", "mnist1d", "synthetic", "tinylm"}
+    assert published == set(available_tasks()) >= builtins
     for name in published:
         model = options_model(name)
         assert model is not None
