@@ -18,6 +18,7 @@ from tuner.schedule import Schedule
 from workers.gang import WorkerContext
 from workers.loop import TrialWorker
 from workers.tasks import TaskData, check_model, clear_data_cache, evaluate_metrics, get_task
+from workers.tasks.base import load_tensors
 from workers.tasks.models import count_parameters
 from workers.tasks.tinylm import VOCAB_SIZE, corpus_topics, split_topics
 
@@ -38,7 +39,7 @@ def assert_same_data(a: TaskData, b: TaskData) -> None:
 
 @pytest.fixture(scope="module")
 def default_data() -> TaskData:
-    return get_task("tinylm").load_data({}, seed=0)
+    return load_tensors(get_task("tinylm"), {}, seed=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -78,22 +79,22 @@ def test_splits_are_disjoint_topics_and_share_no_sequence(default_data: TaskData
 
 def test_data_is_deterministic_in_data_seed_and_independent_of_trial_seed() -> None:
     task = get_task("tinylm")
-    first = task.load_data(SMALL, seed=0)
+    first = load_tensors(task, SMALL, seed=0)
     clear_data_cache()
-    again = task.load_data(SMALL, seed=123)  # rebuilt, same data_seed (0)
+    again = load_tensors(task, SMALL, seed=123)  # rebuilt, same data_seed (0)
     assert again is not first
     assert_same_data(first, again)
-    other = task.load_data({**SMALL, "data_seed": 1}, seed=0)
+    other = load_tensors(task, {**SMALL, "data_seed": 1}, seed=0)
     assert not torch.equal(other.val_x, first.val_x)
     assert not torch.equal(other.train_x, first.train_x)
-    from_trial_seed = task.load_data({**SMALL, "data_seed": None}, seed=1)
+    from_trial_seed = load_tensors(task, {**SMALL, "data_seed": None}, seed=1)
     assert_same_data(from_trial_seed, other)
 
 
 def test_held_out_splits_do_not_depend_on_the_train_size() -> None:
     task = get_task("tinylm")
-    small = task.load_data(SMALL, seed=0)
-    larger = task.load_data({**SMALL, "num_train_sequences": 512}, seed=0)
+    small = load_tensors(task, SMALL, seed=0)
+    larger = load_tensors(task, {**SMALL, "num_train_sequences": 512}, seed=0)
     assert torch.equal(small.val_x, larger.val_x)
     assert torch.equal(small.test_x, larger.test_x)
     assert larger.num_train == 512
@@ -121,9 +122,10 @@ def test_bad_options_name_the_option(options: dict[str, Any], expected: list[str
 def test_options_the_corpus_cannot_satisfy_are_refused_when_loading() -> None:
     task = get_task("tinylm")
     with pytest.raises(ValidationError, match=r"corpus \(.* bytes\) is too small"):
-        task.load_data({"seq_len": 1024, "num_val_sequences": 4096}, seed=0)
+        load_tensors(task, {"seq_len": 1024, "num_val_sequences": 4096}, seed=0)
     with pytest.raises(ValidationError, match="fewer than num_train_sequences"):
-        task.load_data(
+        load_tensors(
+            task,
             {
                 "seq_len": 128,
                 "num_train_sequences": 100_000,
