@@ -847,6 +847,41 @@ def test_accuracy_curves_and_epoch_origins_read_what_the_metrics_hold(store: Stu
     }
 
 
+def test_any_task_metric_is_stored_read_as_curves_and_sorted(store: StudyStore) -> None:
+    """A study of a task metric that has no column (a PSNR): its per-epoch values and probes
+    live in the metrics' extra, its final value in ``metric_value``, which list_trials sorts by
+    and which a record reads back (old rows: the accuracy column)."""
+    study = running_study(store)
+    for number, psnr in enumerate((27.5, 29.25, 28.0)):
+        t = trial(store, study.id, number)
+        store.add_epoch_metrics(t.id, 0, {"val_loss": 0.01, "val_psnr": psnr - 2})
+        store.add_epoch_metrics(
+            t.id, 1, {"val_loss": 0.005, "val_psnr": psnr, "probe_val_psnr": 30.0}
+        )
+        store.finish_trial(
+            t.id, "completed", final={"val_loss": 0.005, "metric_value": psnr, "steps": 10}
+        )
+    assert store.metric_curves(study.id, "val_psnr") == {
+        0: [(0, 25.5), (1, 27.5)],
+        1: [(0, 27.25), (1, 29.25)],
+        2: [(0, 26.0), (1, 28.0)],
+    }
+    assert store.metric_curves(study.id, "val_loss")[0] == [(0, 0.01), (1, 0.005)]
+    assert store.epoch_origins(study.id, "val_psnr")[1] == [
+        EpochOrigin(0),
+        EpochOrigin(1, probe=30.0),
+    ]
+    ranked = store.list_trials(study.id, sort="-metric_value").items
+    assert [t.number for t in ranked] == [1, 2, 0]
+    assert [t.metric("val_psnr") for t in ranked] == [29.25, 28.0, 27.5]
+    old = trial(store, study.id, 3)
+    store.finish_trial(old.id, "completed", final={"val_accuracy": 0.9, "val_loss": 0.3})
+    record = store.get_trial(study.id, 3)
+    assert record.metric_value is None
+    assert (record.metric("val_accuracy"), record.metric("val_loss")) == (0.9, 0.3)
+    assert record.metric("val_psnr") is None
+
+
 def test_study_metrics_stays_fast_for_a_thousand_trials(store: StudyStore) -> None:
     study = running_study(store, budget=1000)
     now = datetime.now(UTC)
