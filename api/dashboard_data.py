@@ -27,9 +27,9 @@ from tuner.formatting import format_duration
 from tuner.objectives import (
     compare,
     metric_words,
-    objective_metric,
     objective_values,
     search_text,
+    study_metric,
 )
 from tuner.schedule import Schedule, schedule_summary
 from tuner.seeds import seed_text
@@ -137,23 +137,6 @@ def format_objective(value: float | None, name: str) -> str:
 
 
 # -- objective ------------------------------------------------------------------------------
-
-
-def study_metric(
-    spec: Mapping[str, Any], summary: Mapping[str, Any] | None = None
-) -> tuple[str, str]:
-    """The study's metric and its direction (``"max"`` / ``"min"``): as the engine wrote them
-    in the summary, else from the spec and the task's declaration (a queued or running
-    study); validation accuracy for a study stored before studies named a metric."""
-    raw = spec.get("objective")
-    objective: dict[str, Any] = dict(raw) if isinstance(raw, Mapping) else {}
-    written = (summary or {}).get("objective")
-    if isinstance(written, Mapping):
-        for key in ("metric", "metric_direction"):
-            if written.get(key) is not None:
-                objective[key] = written[key]
-    task = spec.get("task")
-    return objective_metric(objective, task if isinstance(task, str) else None)
 
 
 def objective_info(

@@ -8,7 +8,8 @@ plus
 * ``placement``: the world size and micro-batch the document is for (the ones the trial was
   tuned on; :func:`tuner.retarget.retarget` rewrites it for other hardware), and
 * ``provenance``: where the schedule came from (study, task, objective, the trial and its
-  metrics, the stagetune version, when it was exported, and the placement it was tuned on).
+  metrics, the study's metric and the trial's value of it, the stagetune version, when it was
+  exported, and the placement it was tuned on).
 
 Every exported document is validated against the published JSON Schema
 ``tuner/schemas/schedule.schema.json`` (draft 2020-12); its ``$defs/exportProvenance`` is the
@@ -30,6 +31,7 @@ import yaml
 
 from tuner import __version__
 from tuner.errors import InvalidStateError, NotFoundError, ValidationError
+from tuner.objectives import study_metric
 from tuner.schedule import PlacementHint, Schedule, ScheduleError
 from tuner.store.records import StudyRecord, TrialRecord, TrialStatus
 
@@ -197,7 +199,12 @@ def tuned_on(study: StudyRecord, trial: TrialRecord) -> PlacementHint | None:
 def build_provenance(
     study: StudyRecord, trial: TrialRecord, *, exported_at: datetime | None = None
 ) -> dict[str, Any]:
-    """The provenance record of an export (``$defs/exportProvenance`` of the schema)."""
+    """The provenance record of an export (``$defs/exportProvenance`` of the schema).
+
+    ``metrics`` leads with ``metric``, the metric the study optimised (its summary's, else
+    resolved from the spec and the task: :func:`tuner.objectives.study_metric`), and
+    ``metric_value``, the trial's final value of it (:meth:`TrialRecord.metric`); what replay
+    compares. ``objective`` stays the spec's, as submitted."""
     when = (exported_at or datetime.now(UTC)).astimezone(UTC)
     placement = tuned_on(study, trial)
     task_options = _spec_value(study.spec, "task_options", "task.options")
@@ -206,6 +213,7 @@ def build_provenance(
     if seed is None:
         seed = _int_or_none(_spec_value(study.spec, "seed"))
     accuracy = _float_or_none(trial.val_accuracy)
+    metric = study_metric(study.spec, study.summary)[0]
     return {
         "source": PROVENANCE_SOURCE,
         "stagetune_version": __version__,
@@ -220,6 +228,8 @@ def build_provenance(
         "baseline": trial.baseline,
         "seed": seed,
         "metrics": {
+            "metric": metric,
+            "metric_value": _float_or_none(trial.metric(metric)),
             "val_accuracy": accuracy,
             "val_loss": _float_or_none(trial.val_loss),
             "steps": _int_or_none(trial.steps),

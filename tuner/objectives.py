@@ -44,11 +44,14 @@ __all__ = [
     "TrialOutcome",
     "compare",
     "epochs_done",
+    "metric_words",
+    "objective_metric",
     "objective_values",
     "pareto_front",
     "rank_key",
     "search_text",
     "select_best",
+    "study_metric",
     "summarize",
     "trial_status",
 ]
@@ -118,6 +121,24 @@ def objective_metric(spec: Mapping[str, Any], task: str | None = None) -> tuple[
         if name in declared:
             return name, declared[name]
     return "val_accuracy", "max"
+
+
+def study_metric(
+    spec: Mapping[str, Any], summary: Mapping[str, Any] | None = None
+) -> tuple[str, str]:
+    """A stored study's metric and its direction (``"max"`` / ``"min"``): as the engine wrote
+    them in the summary's ``objective``, else from the spec and the task's declaration (a
+    queued or running study); validation accuracy for a study stored before studies named a
+    metric. The one reading behind the export's provenance, the API and the dashboard."""
+    raw = spec.get("objective")
+    objective: dict[str, Any] = dict(raw) if isinstance(raw, Mapping) else {}
+    written = (summary or {}).get("objective")
+    if isinstance(written, Mapping):
+        for key in ("metric", "metric_direction"):
+            if written.get(key) is not None:
+                objective[key] = written[key]
+    task = spec.get("task")
+    return objective_metric(objective, task if isinstance(task, str) else None)
 
 
 def metric_words(metric: str) -> str:

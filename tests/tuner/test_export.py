@@ -11,17 +11,21 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.regression_task import TASK_NAME, LinearRegression, regression_task
 from tuner.errors import InvalidStateError, NotFoundError
 from tuner.export import (
     ExportValidationError,
     export_schedule,
     export_yaml,
+    render_yaml,
     schedule_schema,
     validate_document,
 )
 from tuner.retarget import RetargetError, retarget
 from tuner.schedule import Schedule, Stage
 from tuner.store import StudyStore, TrialStatus
+
+__all__ = ["regression_task"]  # the fixture, used here
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "schedule.yaml"
 N = 4096
@@ -109,6 +113,9 @@ def test_export_of_the_best_trial_carries_provenance_and_round_trips(store: Stud
     assert prov["trial_number"] == 1
     assert prov["seed"] == 1234
     assert prov["metrics"]["val_accuracy"] == 0.8125
+    # The study's metric: validation accuracy (an accuracy study; its trial was stored without
+    # metric_value, so its val_accuracy stands in).
+    assert (prov["metrics"]["metric"], prov["metrics"]["metric_value"]) == ("val_accuracy", 0.8125)
     assert prov["metrics"]["steps"] == tuned().total_steps(N)
     assert prov["metrics"]["wall_time_s"] == 42.5
     assert prov["metrics"]["mean_batch_size"] == pytest.approx(tuned().mean_batch_size(N))
@@ -145,6 +152,64 @@ def test_export_errors_say_what_is_missing(store: StudyStore) -> None:
         export_schedule(store, study_id, trial_number=2)
 
 
+def _regression_study(
+    store: StudyStore, objective: dict[str, Any], *, summary: dict[str, Any] | None = None
+) -> int:
+    """A finished study of the regression task with one completed trial (number 0), its
+    final validation loss 0.12 and MSE 0.24; ``metric_value`` is the study metric's."""
+    spec = {"task": TASK_NAME, "seed": 3, "objective": objective, "resources": {"workers": 1}}
+    study = store.create_study(TASK_NAME, spec, budget=1, name="regression")
+    store.claim_study("worker-1", stale_after_s=60)
+    metric = objective.get("metric", "val_mse")
+    trial = store.create_trial(study.id, 0, tuned().to_dict(), {"seed": 3})
+    store.finish_trial(
+        trial.id,
+        TrialStatus.COMPLETED,
+        final={
+            "val_loss": 0.12,
+            "metric_value": {"val_loss": 0.12, "val_mse": 0.24}[metric],
+            "steps": tuned().total_steps(N),
+            "wall_time_s": 3.5,
+            "mean_batch_size": tuned().mean_batch_size(N),
+        },
+    )
+    store.set_best(study.id, trial.id, 0.12)
+    if summary is not None:
+        store.finish_study(study.id, "completed", summary=summary, worker_id="worker-1")
+    return study.id
+
+
+def test_export_of_a_loss_study_records_its_metric_and_value(
+    store: StudyStore, regression_task: LinearRegression
+) -> None:
+    study_id = _regression_study(store, {"kind": "accuracy", "metric": "val_loss"})
+    schedule = export_schedule(store, study_id, exported_at=WHEN)
+    prov = schedule.provenance
+    assert prov is not None
+    assert prov["objective"] == {"kind": "accuracy", "metric": "val_loss"}  # the spec's
+    metrics = prov["metrics"]
+    assert (metrics["metric"], metrics["metric_value"]) == ("val_loss", 0.12)
+    assert (metrics["val_accuracy"], metrics["val_loss"]) == (None, 0.12)
+    document = yaml.safe_load(render_yaml(schedule))
+    validate_document(document, export=True)
+    assert Schedule.from_dict(document).provenance == prov
+
+
+def test_export_names_the_task_primary_metric_or_the_summary_metric(
+    store: StudyStore, regression_task: LinearRegression
+) -> None:
+    # No objective.metric and no summary yet (a running study): the task's primary metric.
+    running = _regression_study(store, {"kind": "accuracy"})
+    metrics = export_schedule(store, running).provenance["metrics"]  # type: ignore[index]
+    assert (metrics["metric"], metrics["metric_value"]) == ("val_mse", 0.24)
+    # A finished study: the metric the engine wrote in its summary.
+    summary = {"objective": {"kind": "accuracy", "metric": "val_mse", "metric_direction": "min"}}
+    done = _regression_study(store, {"kind": "accuracy"}, summary=summary)
+    metrics = export_schedule(store, done).provenance["metrics"]  # type: ignore[index]
+    assert (metrics["metric"], metrics["metric_value"]) == ("val_mse", 0.24)
+    validate_document(export_schedule(store, done).to_dict(), export=True)
+
+
 # ------------------------------------------------------------------------------ schema
 
 
@@ -174,6 +239,21 @@ def test_schema_rejects_malformed_documents(change: Any, where: str) -> None:
     with pytest.raises(ExportValidationError) as info:
         validate_document(document)
     assert where in str(info.value)
+
+
+def test_schema_takes_provenance_metrics_with_and_without_the_study_metric(
+    store: StudyStore,
+) -> None:
+    study_id, _ = seed_study(store)
+    document = export_schedule(store, study_id).to_dict()
+    validate_document(document, export=True)
+    # Exported before studies named their metric: no metric / metric_value, still valid.
+    for key in ("metric", "metric_value"):
+        del document["provenance"]["metrics"][key]
+    validate_document(document, export=True)
+    document["provenance"]["metrics"]["metric"] = "accuracy"  # not val_<name>
+    with pytest.raises(ExportValidationError, match=r"provenance\.metrics\.metric"):
+        validate_document(document, export=True)
 
 
 def test_export_validation_requires_the_full_provenance() -> None:
