@@ -1,4 +1,5 @@
-"""How durations read wherever stagetune prints them (CLI tables, dashboard, API texts).
+"""How durations, sizes and metric values read wherever stagetune prints them (CLI tables,
+dashboard, API texts).
 
 One rule: a duration keeps two significant digits below 10 s (``0.043s``, ``0.43s``,
 ``3.2s``: the trials of small tasks take well under a second, and "0s" says nothing), whole
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["format_bytes", "format_duration"]
+__all__ = ["format_bytes", "format_duration", "format_metric", "format_metric_delta"]
 
 
 def format_duration(seconds: float | None) -> str:
@@ -49,3 +50,34 @@ def format_bytes(size: float | None) -> str:
     if unit == "B":
         return f"{int(value)} B"
     return f"{value:,.1f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
+
+
+def _is_accuracy(metric: str) -> bool:
+    return "accuracy" in metric
+
+
+def format_metric(value: float | None, metric: str, *, percent: bool = False) -> str:
+    """A value of a validation metric as the CLI prints it: an accuracy to 4 decimals
+    (``0.9712``; with ``percent``, ``97.12%``), a PSNR to 2 decimals in dB (``27.31 dB``), any
+    other metric (a loss, an error) to 4 significant digits (``0.3123``); ``-`` for a missing
+    or non-finite value."""
+    if value is None or isinstance(value, bool) or not math.isfinite(value):
+        return "-"
+    if _is_accuracy(metric):
+        return f"{100 * value:.2f}%" if percent else f"{value:.4f}"
+    if "psnr" in metric:
+        return f"{value:.2f} dB"
+    return f"{value:.4g}"
+
+
+def format_metric_delta(delta: float | None, metric: str) -> str:
+    """A difference of two values of a metric, signed: an accuracy's in percentage points
+    (``delta`` already in points: ``+0.05 points``), a PSNR's in dB (``-0.12 dB``), any other
+    metric's in its own units to 4 significant digits (``+0.0023``); ``-`` when unknown."""
+    if delta is None or not math.isfinite(delta):
+        return "-"
+    if _is_accuracy(metric):
+        return f"{delta:+.2f} points"
+    if "psnr" in metric:
+        return f"{delta:+.2f} dB"
+    return f"{delta:+.4g}"

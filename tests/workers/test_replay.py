@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
+from tests.regression_task import TASK, TASK_NAME, LinearRegression, regression_task
 from tuner.schedule import PlacementHint, Schedule, Stage
 from tuner.store import StudyStore, TrialStatus
 from workers.cli import app
-from workers.replay import ReplayResult, replay_config
+from workers.replay import ReplayResult, recorded_metric, replay, replay_config
+
+__all__ = ["regression_task"]  # the fixture, used here
 
 OPTIONS = {"num_train_samples": 1000, "num_val_samples": 500, "num_test_samples": 100, "width": 8}
 
@@ -66,12 +72,65 @@ def test_replay_compares_after_the_epochs_a_stopped_trial_ran() -> None:
     epochs = tuple({"epoch": e, "val_accuracy": 0.1 * (e + 1)} for e in range(4))
     result = ReplayResult(
         task="mnist1d", task_options={}, seed=0, workers=1, micro_batch=None, epochs=epochs,
-        wall_time_s=1.0, recorded_val_accuracy=0.25, recorded_from="study 1, trial 2",
+        wall_time_s=1.0, recorded_value=0.25, recorded_from="study 1, trial 2",
         recorded_epochs=2,
     )  # fmt: skip
-    assert result.val_accuracy == pytest.approx(0.4)
-    assert result.difference_points == pytest.approx(-5.0)  # 0.2 after 2 epochs vs 0.25
-    assert "after 2 epochs" in result.summary()
+    assert result.metric == "val_accuracy"
+    assert result.val_accuracy == result.value == pytest.approx(0.4)
+    assert result.difference_points == result.difference == pytest.approx(-5.0)  # 0.2 vs 0.25
+    assert result.recorded_val_accuracy == 0.25
+    assert result.summary() == (
+        "replayed val accuracy 40.00%; after 2 epochs (where the recorded trial stopped) "
+        "20.00%, recorded 25.00% (study 1, trial 2): -5.00 points"
+    )
+
+
+def test_replay_compares_the_recorded_metric_in_its_own_units() -> None:
+    epochs = tuple(
+        {"epoch": e, "val_loss": 0.5 / (e + 1), "val_mse": 1.0 / (e + 1)} for e in range(3)
+    )
+    result = ReplayResult(
+        task=TASK_NAME, task_options={}, seed=0, workers=1, micro_batch=None, epochs=epochs,
+        wall_time_s=1.0, recorded_value=0.3, recorded_from="study 4, trial 0", metric="val_mse",
+    )  # fmt: skip
+    assert result.value == pytest.approx(1 / 3)
+    assert result.difference == pytest.approx(1 / 3 - 0.3)  # not in points
+    assert (result.val_accuracy, result.recorded_val_accuracy, result.difference_points) == (
+        None,
+        None,
+        None,
+    )
+    assert result.summary() == (
+        "replayed val mse 0.3333, recorded 0.3 (study 4, trial 0): +0.03333 "
+        "(in the metric's own units)"
+    )
+    psnr = dataclasses.replace(
+        result, epochs=({"epoch": 0, "val_psnr": 27.31},), recorded_value=27.4, metric="val_psnr"
+    )
+    assert psnr.summary().endswith(
+        "replayed val psnr 27.31 dB, recorded 27.40 dB (study 4, trial 0): -0.09 dB"
+    )
+    missing = dataclasses.replace(result, recorded_value=None)
+    assert missing.difference is None
+    assert missing.summary() == "replayed val mse 0.3333, no recorded val mse to compare with"
+
+
+def test_replay_reads_the_metric_the_provenance_records(
+    regression_task: LinearRegression,
+) -> None:
+    # An export from before studies named their metric: validation accuracy.
+    assert recorded_metric(exported()) == "val_accuracy"
+    recorded = {"metric": "val_mse", "metric_value": 0.02, "val_accuracy": None, "val_loss": 0.01}
+    regression = exported(task=TASK_NAME, task_options={}, metrics=recorded)
+    assert recorded_metric(regression) == "val_mse"
+    assert recorded_metric(regression, TASK_NAME) == "val_mse"
+    # Another task than the recorded one: its own primary metric (nothing is comparable).
+    assert recorded_metric(regression, "digits") == "val_accuracy"
+    # No recorded metric, and a task without accuracy: the task's primary metric.
+    assert recorded_metric(exported(task=TASK_NAME, task_options={}, metrics={})) == "val_mse"
+    assert recorded_metric(exported(), TASK_NAME) == "val_mse"
+    _, notes = replay_config(regression, "digits")
+    assert "metrics are not comparable" in " ".join(notes)
 
 
 @pytest.mark.slow
@@ -142,3 +201,84 @@ def test_replay_reproduces_the_recorded_accuracy_of_a_mnist1d_trial(
     assert float(match.group(1)) == pytest.approx(100 * last["val_accuracy"], abs=0.006)
     assert abs(float(match.group(2))) <= 1.0
     assert "epoch 3: batch 128" in replayed.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_replay_of_a_regression_study_compares_its_metric(
+    ray_session: None, regression_task: LinearRegression, sqlite_url: str, tmp_path: Path
+) -> None:
+    """A study of the regression task's primary metric (val_mse, minimised): the trial as a
+    replay trains it, recorded and exported, then replayed from the CLI with the task file."""
+    import ray.cloudpickle
+
+    # Ray's workers cannot import the tests package: they get the task by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[TASK.__module__])  # type: ignore[no-untyped-call]
+    sched = Schedule(
+        stages=(Stage(0, 2, 16, warmup_epochs=0.5), Stage(2, 3, 32, lr_multiplier=0.5)),
+        base_lr=0.05,
+        base_batch_size=16,
+    )
+    trial_run = replay(
+        dataclasses.replace(sched, provenance={"task": TASK_NAME, "seed": 7}),
+        seed=7,
+        workers=1,
+        tasks=(TASK,),
+    )
+    assert trial_run.metric == "val_mse"
+    assert {"val_loss", "val_mse"} <= set(trial_run.epochs[-1])
+    assert "val_accuracy" not in trial_run.epochs[-1]
+    mse, loss = trial_run.value, trial_run.epochs[-1]["val_loss"]
+    assert mse is not None
+    assert mse < 0.5  # it learned (the targets' variance is about 6.5)
+    assert loss == pytest.approx(mse / 2)
+
+    store = StudyStore.from_url(sqlite_url, create=True)
+    try:
+        spec = {"task": TASK_NAME, "seed": 7, "resources": {"workers": 1}}
+        study = store.create_study(TASK_NAME, spec, budget=1)
+        store.claim_study("w", stale_after_s=60)
+        trial = store.create_trial(study.id, 0, sched.to_dict(), {})
+        last = trial_run.epochs[-1]
+        store.finish_trial(
+            trial.id,
+            TrialStatus.COMPLETED,
+            final={"metric_value": mse, "val_loss": loss, "steps": last["steps"]},
+        )
+        store.set_best(study.id, trial.id, mse)
+    finally:
+        store.close()
+    path = tmp_path / "best.yaml"
+    runner = CliRunner()
+    exported_run = runner.invoke(
+        app, ["export", str(study.id), "--database-url", sqlite_url, "--out", str(path)]
+    )
+    assert exported_run.exit_code == 0, exported_run.output
+    task_file = str(Path(__file__).resolve().parents[1] / "regression_task.py")
+    replayed = runner.invoke(
+        app, ["replay", str(path), "--task-file", task_file, "--tolerance", "0.001"]
+    )
+    assert replayed.exit_code == 0, (replayed.stdout, replayed.stderr, replayed.exception)
+    match = re.search(
+        r"replayed val mse ([\d.]+), recorded ([\d.]+) \(study \d+, trial 0\): ([+-][\d.e-]+) "
+        r"\(in the metric's own units\)",
+        replayed.stdout,
+    )
+    assert match, replayed.stdout
+    assert float(match.group(2)) == pytest.approx(mse, rel=1e-3)
+    assert abs(float(match.group(3))) <= 0.001
+    assert re.search(r"epoch 2: batch 32, lr [\d.e-]+, val mse [\d.]+", replayed.stderr)
+
+    # A recorded value 0.05 off: --tolerance bounds the difference in the metric's units.
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    document["provenance"]["metrics"]["metric_value"] = mse + 0.05
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    strict = runner.invoke(
+        app, ["replay", str(path), "--task-file", task_file, "--tolerance", "0.01"]
+    )
+    assert strict.exit_code == 1, (strict.stdout, strict.stderr)
+    assert re.search(
+        r"the replay differs by 0\.050*\d* \(val mse, in its own units\), more than "
+        r"--tolerance 0\.01",
+        strict.stderr,
+    ), strict.stderr

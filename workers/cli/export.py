@@ -262,18 +262,31 @@ def replay(
     gpus_per_worker: Annotated[
         float, typer.Option("--gpus-per-worker", min=0.0, help="GPUs per worker.")
     ] = 0.0,
+    task_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--task-file",
+            help="A Python file defining the task (as for `stagetune tune --task-file`), when "
+            "the schedule was tuned on a task of your own.",
+        ),
+    ] = None,
     tolerance: Annotated[
         float | None,
         typer.Option(
             "--tolerance",
             min=0.0,
-            help="Fail (exit 1) if the accuracy differs from the recorded one by more points.",
+            help="Fail (exit 1) if the study's metric differs from the recorded value by more "
+            "than this: percentage points for an accuracy, the metric's own units otherwise "
+            "(e.g. a loss; dB for a PSNR).",
         ),
     ] = None,
 ) -> None:
-    """Train an exported schedule once with the trials' code and compare its validation
-    accuracy with the one recorded in the YAML's provenance."""
+    """Train an exported schedule once with the trials' code and compare the study's metric
+    (validation accuracy for classification) with the value recorded in the YAML's
+    provenance."""
+    from tuner.formatting import format_metric, format_metric_delta
     from tuner.schedule import Schedule
+    from workers.replay import metric_label, recorded_metric
     from workers.replay import replay as run_replay
 
     if not schedule_file.is_file():
@@ -281,13 +294,22 @@ def replay(
             f"schedule file not found: {schedule_file}", param_hint="SCHEDULE.yaml"
         )
     schedule = Schedule.load(schedule_file)
+    tasks: list[Any] = []
+    if task_file is not None:
+        from workers.tasks.task_file import load_task_file
+
+        tasks = list(load_task_file(task_file))  # registered here, sent to the workers
+    metric = recorded_metric(schedule, task)
+    label = metric_label(metric)
 
     def progress(m: dict[str, Any]) -> None:
-        acc = m.get("val_accuracy")
-        shown = f"{100 * acc:.2f}%" if isinstance(acc, int | float) else "-"
+        value = m.get(metric)
+        shown = format_metric(
+            value if isinstance(value, int | float) else None, metric, percent=True
+        )
         typer.echo(
             f"epoch {m.get('epoch')}: batch {m.get('batch_size')}, lr {m.get('lr'):.4g}, "
-            f"val accuracy {shown}",
+            f"{label} {shown}",
             err=True,
         )
 
@@ -301,19 +323,23 @@ def replay(
         cpus_per_worker=cpus_per_worker,
         gpus_per_worker=gpus_per_worker,
         on_epoch=progress,
+        tasks=tasks,
     )
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
     typer.echo(result.summary())
-    diff = result.difference_points
+    diff = result.difference
     if tolerance is not None:
         if diff is None:
-            typer.echo("no recorded accuracy to compare with; --tolerance not checked", err=True)
-            raise typer.Exit(1)
-        if abs(diff) > tolerance:
             typer.echo(
-                f"the replay differs by {abs(diff):.2f} points, more than --tolerance "
-                f"{tolerance:g}",
+                f"no recorded {metric_label(result.metric)} to compare with; --tolerance not "
+                "checked",
                 err=True,
             )
+            raise typer.Exit(1)
+        if abs(diff) > tolerance:
+            by = format_metric_delta(abs(diff), result.metric).lstrip("+")
+            if not result.is_accuracy and "psnr" not in result.metric:
+                by += f" ({metric_label(result.metric)}, in its own units)"
+            typer.echo(f"the replay differs by {by}, more than --tolerance {tolerance:g}", err=True)
             raise typer.Exit(1)
