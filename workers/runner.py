@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from tuner.engine import SEED_RUN_KEY, EngineResult, TuningEngine
 from tuner.engine_search import PriorTrial, TrialMeta
 from tuner.errors import InvalidStateError, StagetuneError, ValidationError
 from tuner.export import export_yaml
-from tuner.formatting import format_duration
+from tuner.formatting import format_duration, format_metric
 from tuner.objectives import StudyObjective, TrialOutcome, search_text, trial_status
 from tuner.pbt import LINEAGE_KEY
 from tuner.progress import StoreProgress, StudyWatch, outcome_of_record
@@ -523,27 +523,27 @@ class TrialPrinter(tune.Callback):
             else:
                 self._seed_runs_done = done
             status, _ = trial_status(self.objective, r, error=error)
-            acc = r.get("val_accuracy")
             self.console.print(
                 f"[{'reserve' if reserve else 'seed'} {done:>2}/{seed_run.get('runs')}] trial "
                 f"{meta.number:>3} [{meta.baseline or 'tuned'}] seed {seed_run.get('seed')} "
-                f"{status}: val_accuracy "
-                f"{f'{acc:.4f}' if isinstance(acc, int | float) else '-'}, "
-                f"{r.get('steps', '-')} steps"
+                f"{status}: {self._metric_text(r)}, {r.get('steps', '-')} steps"
             )
             return
         self._done += 1
         status, _ = trial_status(self.objective, r, error=error)
-        acc = r.get("val_accuracy")
-        acc_text = f"{acc:.4f}" if isinstance(acc, int | float) else "-"
         forked = r.get("forked_epochs")
         fork_text = f", forked at epoch {forked}" if isinstance(forked, int) and forked else ""
         self.console.print(
             f"[{self._done:>3}/{self.budget}] trial {meta.number:>3} "
-            f"[{meta.baseline or 'tuned'}] {status}: val_accuracy {acc_text} after "
+            f"[{meta.baseline or 'tuned'}] {status}: {self._metric_text(r)} after "
             f"{r.get('training_iteration', 0)} epoch(s), {r.get('steps', '-')} steps, "
             f"{format_duration(float(r.get('wall_time_s') or 0.0))}{fork_text}"
         )
+
+    def _metric_text(self, result: Mapping[str, Any]) -> str:
+        """``val_accuracy 0.9712``: the study's metric in a trial's last report."""
+        metric = self.objective.metric
+        return f"{metric} {format_metric(self.objective.metric_of(result), metric)}"
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._line(trial, error=False)
@@ -557,17 +557,36 @@ class TrialPrinter(tune.Callback):
         return state
 
 
+def _metric_cell(row: Mapping[str, Any], metric: str) -> str:
+    """A result row's value of the study's metric (``metric_value``; a summary written before
+    studies named their metric has ``val_accuracy``), as :func:`format_metric` writes it
+    (without the dB the column heading carries)."""
+    value = row.get("metric_value")
+    if value is None:
+        value = row.get(metric)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-"
+    return format_metric(value, metric).removesuffix(" dB")
+
+
 def print_result(result: StudyResult, console: Any) -> None:
     """The result table: the best schedule next to the baselines."""
     from rich.table import Table
 
     summary = result.summary
     seeded = summary.get("seed_runs") or None
+    written = summary.get("objective")
+    metric = "val_accuracy"
+    if isinstance(written, Mapping) and isinstance(written.get("metric"), str):
+        metric = written["metric"]
+    heading = "val_acc" if metric == "val_accuracy" else metric
+    if "psnr" in metric:
+        heading += " (dB)"
     table = Table(title=f"study {result.study_id}: {result.status}", show_lines=False)
-    columns = ["trial", "kind", "schedule", "val_acc", "steps", "wall time", "mean batch"]
+    columns = ["trial", "kind", "schedule", heading, "steps", "wall time", "mean batch"]
     if seeded:
-        columns[3] = "val_acc (search run)"
-        columns.insert(4, f"val_acc over {len(seeded['seeds'])} fresh seeds")
+        columns[3] = f"{heading} (search run)"
+        columns.insert(4, f"{heading} over {len(seeded['seeds'])} fresh seeds")
     for column in columns:
         table.add_column(column)
 
@@ -585,7 +604,7 @@ def print_result(result: StudyResult, console: Any) -> None:
             str(row["number"]),
             kind,
             row.get("schedule_summary") or "",
-            fmt(row.get("val_accuracy"), ".4f"),
+            _metric_cell(row, metric),
             fmt(row.get("steps"), "d"),
             format_duration(row.get("wall_time_s")),
             fmt(row.get("mean_batch_size"), ".0f"),

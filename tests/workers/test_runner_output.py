@@ -1,0 +1,133 @@
+"""What a local run prints (``workers.runner``): the study's metric in the trial lines and the
+result table, for an accuracy study as before and for a study of another metric (a loss of
+the test regression task, declared on its options model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from rich.console import Console
+
+from tests.regression_task import TASK_NAME, LinearRegression, regression_task
+from tuner.engine_search import META_KEY, TrialMeta
+from tuner.objectives import StudyObjective, TrialOutcome, summarize
+from tuner.schedule import Schedule, Stage
+from tuner.seeds import seed_stats
+from tuner.spec import StudySpec
+from tuner.store.records import StudyStatus
+from workers.runner import StudyResult, TrialPrinter, print_result
+
+__all__ = ["regression_task"]  # the fixture, used here
+
+SCHEDULE = Schedule(stages=(Stage(0, 3, 16),), base_lr=0.05, base_batch_size=16)
+
+
+def objective(spec: dict[str, Any]) -> StudyObjective:
+    return StudyObjective.of(StudySpec.from_dict(spec), total_epochs=3)
+
+
+def outcome(number: int, value: float, obj: StudyObjective, **kw: Any) -> TrialOutcome:
+    accuracy = value if obj.metric == "val_accuracy" else None
+    return TrialOutcome(
+        number=number,
+        baseline=kw.pop("baseline", None),
+        schedule=SCHEDULE.to_dict(),
+        status="completed",
+        epochs_done=3,
+        val_accuracy=accuracy,
+        metric_value=value,
+        steps=30 + number,
+        samples=480,
+        wall_time_s=2.0,
+        values=(value,),
+        summary=SCHEDULE.summary(),
+        **kw,
+    )
+
+
+def printed(summary: dict[str, Any]) -> str:
+    console = Console(record=True, width=200)
+    result = StudyResult(
+        study_id=1,
+        status=StudyStatus.COMPLETED,
+        summary=summary,
+        outcomes=(),
+        best_number=None,
+        best_is_baseline=False,
+        best_schedule=None,
+        schedule_path=Path("best.yaml"),
+    )
+    print_result(result, console)
+    return console.export_text()
+
+
+def test_an_accuracy_study_prints_val_acc_as_before() -> None:
+    obj = objective({"task": "digits"})
+    outcomes = [outcome(0, 0.9, obj, baseline="small_batch"), outcome(1, 0.93456, obj)]
+    text = printed(summarize(outcomes, obj))
+    header = next(line for line in text.splitlines() if "trial" in line and "kind" in line)
+    assert "val_acc" in header
+    assert "0.9346" in text
+    assert "0.9000" in text
+
+
+def test_a_loss_study_prints_its_metric_in_the_table(regression_task: LinearRegression) -> None:
+    obj = objective({"task": TASK_NAME, "objective": {"metric": "val_loss"}})
+    assert (obj.metric, obj.metric_direction) == ("val_loss", "min")
+    small = outcome(0, 0.2, obj, baseline="small_batch")
+    tuned = outcome(1, 0.012345, obj)
+    stats = [
+        seed_stats(tuned, {10: outcome(1, 0.0125, obj), 11: outcome(1, 0.0135, obj)}, [10, 11],
+                   metric="val_loss"),
+        seed_stats(small, {10: outcome(0, 0.21, obj), 11: outcome(0, 0.19, obj)}, [10, 11],
+                   metric="val_loss"),
+    ]  # fmt: skip
+    summary = summarize([small, tuned], obj, seed_runs=stats, seeds=[10, 11])
+    text = printed(summary)
+    header = next(line for line in text.splitlines() if "trial" in line and "kind" in line)
+    assert "val_loss (search run)" in header
+    assert "val_loss over 2 fresh seeds" in header
+    assert "val_acc" not in header
+    best = next(line for line in text.splitlines() if " best " in f" {line} ")
+    assert "0.01235" in best  # 4 significant digits, not 4 decimals (0.0123)
+    assert "0.0130 ± 0.0007" in best  # the seed runs' mean ± std
+    assert "0.2 " in next(line for line in text.splitlines() if "small_batch" in line)
+
+
+def test_a_psnr_column_is_in_db() -> None:
+    summary = {
+        "objective": {"kind": "accuracy", "metric": "val_psnr", "metric_direction": "max"},
+        "best": {"number": 3, "schedule_summary": "16@0-3", "metric_value": 27.3141, "steps": 9},
+        "best_is_baseline": False,
+        "baselines": [],
+        "note": "",
+    }
+    text = printed(summary)
+    assert "val_psnr (dB)" in text
+    assert "27.31" in text
+    assert "27.3141" not in text
+
+
+def test_trial_lines_show_the_study_metric(regression_task: LinearRegression) -> None:
+    def line(obj: StudyObjective, result: dict[str, Any]) -> str:
+        printer = TrialPrinter(budget=4, objective=obj)
+        printer._console = Console(record=True, width=200)
+        meta = TrialMeta(number=2, baseline=None, params={})
+        trial = SimpleNamespace(
+            config={META_KEY: meta.to_dict(), "schedule": SCHEDULE.to_dict()},
+            last_result={"training_iteration": 3, "steps": 30, "wall_time_s": 1.5, **result},
+            trial_id="t2",
+        )
+        printer.on_trial_complete(0, [], trial)
+        return str(printer._console.export_text())
+
+    accuracy = line(objective({"task": "digits"}), {"val_accuracy": 0.93456, "val_loss": 0.2})
+    assert "completed: val_accuracy 0.9346 after 3 epoch(s), 30 steps" in accuracy
+    loss_study = objective({"task": TASK_NAME, "objective": {"metric": "val_loss"}})
+    loss = line(loss_study, {"val_loss": 0.0123456, "val_mse": 0.0246912})
+    assert "completed: val_loss 0.01235 after 3 epoch(s)" in loss
+    mse = line(objective({"task": TASK_NAME}), {"val_loss": 0.0123456, "val_mse": 0.0246912})
+    assert "val_mse 0.02469" in mse
+    assert "val_accuracy" not in mse
