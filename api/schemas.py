@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.objectives import study_metric
 from tuner.schedule import schedule_summary
 from tuner.store.records import (
     EpochMetrics,
@@ -86,6 +87,15 @@ class StudyOut(Schema):
     name: str | None
     owner: str | None
     task: str
+    metric: str = Field(
+        description="The validation metric the study optimises (objective.metric, else the "
+        "task's primary metric: val_accuracy for classification); each trial's "
+        "`metric_value` is its final value of it."
+    )
+    metric_direction: Literal["max", "min"] = Field(
+        description="Whether larger (max) or smaller (min) values of `metric` are better, as "
+        "the task declares it."
+    )
     status: StudyStatus
     cancel_requested: bool
     progress: Progress
@@ -130,11 +140,14 @@ def _study_fields(study: StudyRecord, schedule_summary: str | None) -> dict[str,
             seeds=len(seeds["seeds"]) if seeds.get("seeds") else None,
             std=seeds.get("std") if seeds.get("seeds") else None,
         )
+    metric, direction = study_metric(study.spec, study.summary)
     return {
         "id": study.id,
         "name": study.name,
         "owner": study.owner,
         "task": study.task,
+        "metric": metric,
+        "metric_direction": direction,
         "status": study.status,
         "cancel_requested": study.cancel_requested,
         "progress": Progress(
@@ -177,6 +190,10 @@ class TrialOut(Schema):
     started_at: datetime
     finished_at: datetime | None
     epochs_done: int
+    metric_value: float | None = Field(
+        description="The trial's final value of the study's metric (the study's `metric`: "
+        "val_accuracy for classification); null until it finishes or when not reported."
+    )
     val_accuracy: float | None
     val_loss: float | None
     steps: int | None
@@ -198,7 +215,9 @@ class TrialOut(Schema):
     )
 
     @classmethod
-    def from_record(cls, trial: TrialRecord) -> TrialOut:
+    def from_record(cls, trial: TrialRecord, metric: str = "val_accuracy") -> TrialOut:
+        """``metric``: the study's (:func:`tuner.objectives.study_metric`), for a trial stored
+        before trials kept their metric's value."""
         summary = trial.schedule_summary
         if summary is None:  # an invalid schedule, or a trial stored by an older version
             summary = schedule_summary(trial.schedule)
@@ -212,6 +231,7 @@ class TrialOut(Schema):
             started_at=trial.started_at,
             finished_at=trial.finished_at,
             epochs_done=trial.epochs_done,
+            metric_value=trial.metric(metric),
             val_accuracy=trial.val_accuracy,
             val_loss=trial.val_loss,
             steps=trial.steps,

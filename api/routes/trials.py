@@ -18,7 +18,8 @@ from api.schemas import (
     TrialPage,
     error_responses,
 )
-from tuner.store import TRIAL_SORT_KEYS, TrialStatus
+from tuner.objectives import study_metric
+from tuner.store import TRIAL_SORT_KEYS, StudyStore, TrialStatus
 
 router = APIRouter(prefix="/studies/{study_id}", tags=["trials"])
 
@@ -71,8 +72,9 @@ async def list_trials(
     page = store.list_trials(
         study_id, status=status, baseline=baseline, sort=sort, limit=limit, offset=offset
     )
+    metric = _metric(store, study_id)
     return TrialPage(
-        items=[TrialOut.from_record(t) for t in page.items],
+        items=[TrialOut.from_record(t, metric) for t in page.items],
         total=page.total,
         limit=page.limit,
         offset=page.offset,
@@ -86,7 +88,14 @@ async def list_trials(
     responses=error_responses(401, 404, 422),
 )
 async def get_trial(store: StoreDep, study_id: StudyId, number: TrialNumber) -> TrialOut:
-    return TrialOut.from_record(store.get_trial(study_id, number))
+    trial = store.get_trial(study_id, number)
+    return TrialOut.from_record(trial, _metric(store, study_id))
+
+
+def _metric(store: StudyStore, study_id: int) -> str:
+    """The study's metric, which a trial's ``metric_value`` is a value of."""
+    study = store.get_study(study_id)
+    return study_metric(study.spec, study.summary)[0]
 
 
 @router.get(

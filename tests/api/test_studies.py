@@ -18,11 +18,14 @@ from tests.api.conftest import (
     schedule_dict,
     seed_running_study,
 )
+from tests.regression_task import TASK_NAME, LinearRegression, regression_task
 from tuner.schedule import Schedule
 from tuner.store import StudyStatus, StudyStore
 from tuner.tasks import available_tasks
 
 YAML = {"Content-Type": "application/yaml"}
+
+__all__ = ["regression_task"]  # the fixture, used here
 
 
 # -- create ----------------------------------------------------------------------------------
@@ -44,6 +47,7 @@ def test_create_from_yaml_returns_201_with_location_of_the_queued_study(
         "trials_remaining": 6,
     }
     assert body["best"] is None
+    assert (body["metric"], body["metric_direction"]) == ("val_accuracy", "max")
     assert body["spec"]["schedule"]["total_epochs"] == 4
     assert r.headers["Location"].endswith(f"{STUDIES}/{body['id']}")
     again = client.get(r.headers["Location"])
@@ -150,6 +154,32 @@ def test_unsupported_content_type_is_415(client: TestClient) -> None:
     assert "application/yaml" in error_message(r.json(), "unsupported_media_type")
 
 
+def test_a_study_of_another_metric_says_which(
+    client: TestClient, store: StudyStore, regression_task: LinearRegression
+) -> None:
+    """The study's metric and its direction: from the spec and the task's declaration while
+    the study is queued, from the summary the engine wrote once it finished."""
+    text = f"task: {TASK_NAME}\nname: loss\nobjective: {{metric: val_loss}}\n"
+    r = client.post(STUDIES, content=text, headers=YAML)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert (body["metric"], body["metric_direction"]) == ("val_loss", "min")
+    primary = client.post(STUDIES, content=f"task: {TASK_NAME}\nname: mse\n", headers=YAML)
+    assert (primary.json()["metric"], primary.json()["metric_direction"]) == ("val_mse", "min")
+    listed = {s["name"]: s for s in client.get(STUDIES).json()["items"]}
+    assert (listed["loss"]["metric"], listed["mse"]["metric"]) == ("val_loss", "val_mse")
+    assert listed["mse"]["metric_direction"] == "min"
+
+    claimed = store.claim_study("w", 60)
+    assert claimed is not None
+    assert claimed.id == body["id"]
+    summary = {"objective": {"kind": "accuracy", "metric": "val_loss", "metric_direction": "min"}}
+    store.finish_study(claimed.id, StudyStatus.COMPLETED, summary=summary, worker_id="w")
+    done = client.get(f"{STUDIES}/{claimed.id}").json()
+    assert (done["metric"], done["metric_direction"]) == ("val_loss", "min")
+    assert done["summary"]["objective"]["metric"] == "val_loss"
+
+
 # -- list ------------------------------------------------------------------------------------
 
 
@@ -172,6 +202,9 @@ def test_list_filters_paginates_and_counts(client: TestClient, store: StudyStore
     bob = client.get(STUDIES, params={"owner": "bob"}).json()
     assert sorted(s["id"] for s in bob["items"]) == [ids[1], ids[3]]
     assert bob["total"] == 2
+    assert {(s["metric"], s["metric_direction"]) for s in everything["items"]} == {
+        ("val_accuracy", "max")
+    }
 
     mnist = client.get(STUDIES, params={"task": "mnist1d"}).json()
     assert [s["id"] for s in mnist["items"]] == [other]

@@ -11,9 +11,13 @@ from tests.api.conftest import (
     error_message,
     field_errors,
     new_study,
+    schedule_dict,
     seed_running_study,
 )
-from tuner.store import TRIAL_SORT_KEYS, StudyStore
+from tests.regression_task import TASK_NAME, LinearRegression, regression_task
+from tuner.store import TRIAL_SORT_KEYS, StudyStore, TrialStatus
+
+__all__ = ["regression_task"]  # the fixture, used here
 
 
 def numbers(body: dict[str, list[dict[str, object]]]) -> list[object]:
@@ -31,6 +35,9 @@ def test_list_trials_in_number_order_with_details(client: TestClient, store: Stu
     assert first["baseline"] == "small_batch"
     assert first["status"] == "completed"
     assert first["val_accuracy"] == 0.8
+    # The study's metric is validation accuracy: a trial stored without metric_value has its
+    # val_accuracy there.
+    assert [t["metric_value"] for t in body["items"]] == [0.8, 0.9, None, None]
     assert first["epochs_done"] == 2
     assert first["schedule_summary"] == "32@0-2 -> 64@2-4"
     assert first["schedule"]["stages"][0]["batch_size"] == 32
@@ -164,3 +171,28 @@ def test_a_rerun_trial_says_so(client: TestClient, store: StudyStore) -> None:
     assert body["epochs_done"] == 0
     listed = client.get(f"{STUDIES}/{seeded.study_id}/trials").json()["items"]
     assert [t["restarts"] for t in listed] == [0, 0, 0, 1]
+
+
+def test_trials_of_another_metric_carry_its_value(
+    client: TestClient, store: StudyStore, regression_task: LinearRegression
+) -> None:
+    """A study of the regression task's primary metric (val_mse): each trial's metric_value
+    is its final MSE; it has no accuracy."""
+    study_id = new_study(store, task=TASK_NAME)
+    store.claim_study("w", 60)
+    for number, mse in enumerate([0.24, 0.5]):
+        trial = store.create_trial(study_id, number, schedule_dict(32, 64), {"seed": number})
+        store.add_epoch_metrics(trial.id, 0, {"val_loss": mse / 2, "val_mse": mse})
+        final = {"val_loss": mse / 2, "metric_value": mse, "steps": 10}
+        store.finish_trial(trial.id, TrialStatus.COMPLETED, final=final)
+    page = client.get(f"{STUDIES}/{study_id}/trials").json()
+    assert [(t["metric_value"], t["val_loss"], t["val_accuracy"]) for t in page["items"]] == [
+        (0.24, 0.12, None),
+        (0.5, 0.25, None),
+    ]
+    one = client.get(f"{STUDIES}/{study_id}/trials/0").json()
+    assert (one["metric_value"], one["val_accuracy"]) == (0.24, None)
+    study = client.get(f"{STUDIES}/{study_id}").json()
+    assert (study["metric"], study["metric_direction"]) == ("val_mse", "min")
+    epochs = client.get(f"{STUDIES}/{study_id}/trials/0/metrics").json()["epochs"]
+    assert epochs[0]["extra"] == {"val_mse": 0.24}

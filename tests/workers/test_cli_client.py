@@ -185,6 +185,7 @@ def test_submit_prints_the_id_and_status_shows_the_study(
     assert one.returncode == 0, one.stderr
     assert "queued" in one.stdout
     assert "0/6 trials done, 0 running, 6 remaining" in one.stdout
+    assert "val_accuracy (higher is better)" in one.stdout  # the study's metric
 
     as_json = stagetune("status", str(study_id), "--json", "--url", module_server.url)
     assert json.loads(as_json.stdout)["id"] == study_id

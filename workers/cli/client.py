@@ -263,6 +263,10 @@ def _print_study(study: Mapping[str, Any]) -> None:
         title += f"  {study['name']}"
     grid.add_row("study", title)
     grid.add_row("task", str(study.get("task")))
+    metric = study.get("metric")
+    if isinstance(metric, str):  # the service's study metric (older services send none)
+        better = "lower" if study.get("metric_direction") == "min" else "higher"
+        grid.add_row("metric", f"{metric} ({better} is better)")
     status = str(study.get("status"))
     if study.get("cancel_requested") and status not in FINISHED:
         status += " (cancel pending: the worker stops it at its next check)"
