@@ -94,6 +94,13 @@ def test_a_study_of_a_loss_metric_minimises_it_end_to_end(
     # The dashboard draws the loss: its curves are the stored losses, rows carry the metric.
     with open_client(make_settings(sqlite_url)) as client:
         data = client.get(f"/dashboard/data/studies/{study.id}").json()
+        # The REST API names the metric and gives each trial's value of it.
+        body = client.get(f"/api/v1/studies/{study.id}").json()
+        assert (body["metric"], body["metric_direction"]) == ("val_loss", "min")
+        listed = client.get(f"/api/v1/studies/{study.id}/trials").json()["items"]
+        assert {t["number"]: t["metric_value"] for t in listed} == {
+            t.number: t.metric_value for t in trials
+        }
     objective = data["study"]["objective"]
     assert (objective["metric"], objective["metric_direction"]) == ("val_loss", "min")
     assert objective["label"] == "minimise final validation loss"
@@ -107,3 +114,6 @@ def test_a_study_of_a_loss_metric_minimises_it_end_to_end(
     exported = yaml.safe_load(out.read_text())
     assert exported["provenance"]["trial_number"] == picked["number"]
     assert exported["provenance"]["objective"]["kind"] == "accuracy"
+    best_trial = next(t for t in trials if t.number == picked["number"])
+    assert exported["provenance"]["metrics"]["metric"] == "val_loss"
+    assert exported["provenance"]["metrics"]["metric_value"] == best_trial.metric_value
