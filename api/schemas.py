@@ -356,6 +356,11 @@ class TaskInfo(Schema):
         description="The value each option has when a spec leaves it out (options without a "
         "default are required)."
     )
+    metrics: dict[str, Literal["max", "min"]] = Field(
+        description="The validation metrics the task reports, each with its direction; "
+        "`objective.metric` may name any of them."
+    )
+    primary_metric: str = Field(description="The metric a study optimises by default.")
 
 
 class TasksOut(Schema):

@@ -13,7 +13,7 @@ from api.errors import ApiError
 from api.schemas import HealthOut, TaskInfo, TasksOut, error_responses
 from tuner import __version__
 from tuner.store import migrate
-from tuner.tasks import available_tasks, options_model
+from tuner.tasks import available_tasks, metric_declaration, options_model
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +26,8 @@ health_router = APIRouter(tags=["service"])
 )
 def list_tasks() -> TasksOut:
     """The task names a study spec may use (read from package metadata), each with the JSON
-    schema and defaults of its `task_options` (from the options models tasks publish, which
-    import neither torch nor the task's code)."""
+    schema and defaults of its `task_options` and the validation metrics it reports (from the
+    options models tasks publish, which import neither torch nor the task's code)."""
     names = available_tasks()
     return TasksOut(tasks=names, details=[_task_info(name) for name in names])
 
@@ -35,8 +35,15 @@ def list_tasks() -> TasksOut:
 @lru_cache(maxsize=64)
 def _task_info(name: str) -> TaskInfo:
     model = options_model(name)
+    metrics, primary = metric_declaration(name, model)
     if model is None:
-        return TaskInfo(name=name, options_schema=None, option_defaults={})
+        return TaskInfo(
+            name=name,
+            options_schema=None,
+            option_defaults={},
+            metrics=metrics,
+            primary_metric=primary,
+        )
     defaults = {
         key: field.get_default(call_default_factory=True)
         for key, field in model.model_fields.items()
@@ -46,6 +53,8 @@ def _task_info(name: str) -> TaskInfo:
         name=name,
         options_schema=model.model_json_schema(),
         option_defaults=jsonable_encoder(defaults),
+        metrics=metrics,
+        primary_metric=primary,
     )
 
 

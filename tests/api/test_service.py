@@ -45,6 +45,12 @@ def test_tasks_lists_registered_names_with_their_options(client: TestClient) -> 
     cifar = details["cifar10"]
     assert "data_dir" in cifar["options_schema"]["required"]
     assert "data_dir" not in cifar["option_defaults"]
+    # The metrics each task reports, with their directions: what objective.metric may name.
+    assert digits["metrics"] == {"val_accuracy": "max", "val_loss": "min"}
+    assert digits["primary_metric"] == "val_accuracy"
+    lm = details["tinylm"]
+    assert lm["metrics"]["val_perplexity"] == "min"
+    assert lm["primary_metric"] == "val_loss"
 
 
 def test_health_reports_database_and_version(client: TestClient) -> None:
