@@ -260,6 +260,9 @@ def test_stagetune_tasks_lists_the_tasks_and_checks_a_task_file(tmp_path: Path) 
     plain = run()
     assert plain.returncode == 0, plain.stderr
     assert "mnist1d: 30 epochs, base batch 32 at LR 0.05, sgd" in plain.stdout
+    assert "metrics: val_loss (min, primary), val_perplexity (min), val_accuracy (max)" in (
+        plain.stdout
+    )
     assert "my-digits-cnn" not in plain.stdout
     mine = run("--task-file", str(EXAMPLE / "my_task.py"))
     assert mine.returncode == 0, mine.stderr

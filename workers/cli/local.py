@@ -113,7 +113,8 @@ def tasks(
             checked.append(
                 f"{task.name}: ready; data {data.num_train:,} train / {data.num_val:,} val / "
                 f"{data.num_test:,} test samples of shape {tuple(data.input_shape)}, "
-                f"{data.num_classes} classes; model {params:,} parameters"
+                + (f"{data.num_classes} classes" if data.num_classes else "its own loss")
+                + f"; model {params:,} parameters"
             )
     console = Console(highlight=False)
     for info in list_tasks():
@@ -125,6 +126,11 @@ def tasks(
         )
         console.print(f"  {info.description}")
         console.print(f"  options: {_options_text(info.options_schema)}")
+        metrics = ", ".join(
+            f"{name} ({way}{', primary' if name == info.primary_metric else ''})"
+            for name, way in info.metrics.items()
+        )
+        console.print(f"  metrics: {metrics}")
     for line in checked:
         console.print(line)
     if task_file is None:
