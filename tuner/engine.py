@@ -4,8 +4,10 @@ Optuna on a persistent study, with ASHA early stopping and the baselines first.
 ``tuner`` knows nothing of the training loop: the trainable class is a parameter (in the
 product, :class:`workers.trainable.ScheduleTrainable`, composed in :mod:`workers.runner`).
 It must be a Ray Tune class trainable whose ``step()`` trains one epoch of
-``config["schedule"]`` (a ``Schedule.to_dict()``) and reports at least ``val_accuracy``,
-cumulative ``steps``, ``samples`` and ``wall_time_s``, and ``diverged``; it ignores the config
+``config["schedule"]`` (a ``Schedule.to_dict()``) and reports at least the study's metric
+(``config["metric"]``: ``val_accuracy``, ``val_loss``, ...), ``score`` (that metric
+oriented so that larger is better, after a cooldown probe and at the run's end), cumulative
+``steps``, ``samples`` and ``wall_time_s``, and ``diverged``; it ignores the config
 key ``stagetune`` (the engine's bookkeeping: trial number, baseline name, Optuna params).
 
 What one :meth:`TuningEngine.run` does:
@@ -13,12 +15,12 @@ What one :meth:`TuningEngine.run` does:
 * builds the schedule space, the baselines and the objective from the resolved spec and
   checks up front that some schedule can be trained and meet the constraint;
 * runs a ``ray.tune.Tuner`` with :class:`~tuner.engine_search.ScheduleSearcher` (baselines,
-  then seeded Optuna TPE on an RDB-stored study), ASHA on ``val_accuracy`` with
+  then seeded Optuna TPE on an RDB-stored study), ASHA on the metric (on ``score`` with probes) with
   ``time_attr=training_iteration`` (= epochs) for single-objective studies (FIFO for Pareto
   studies), ``reuse_actors=True``, ``FailureConfig(max_failures)`` (a trial that keeps failing
   ends ``failed`` and the study goes on), and as many trials at once as the cluster fits
   (each trial's resources from the trainable's ``default_resource_request``);
-* stops each trial after ``total_epochs`` epochs (or when it reaches the target accuracy),
+* stops each trial after ``total_epochs`` epochs (or when it reaches the metric's target),
   and the whole experiment when ``should_stop`` says so (a cancel);
 * **resumes**: one experiment directory per study under ``storage_path``; if it holds a
   restorable experiment, ``Tuner.restore(path, trainable)`` continues it: finished trials are
@@ -113,7 +115,7 @@ SEED_RUN_KEY: Final = "seed_run"
 
 
 class RunStopper(Stopper):
-    """Stops a trial once its run is complete (all epochs, or the target accuracy), and the
+    """Stops a trial once its run is complete (all epochs, or the metric's target), and the
     experiment when the live run's ``should_stop()`` returns true (polled by Tune every
     controller step). It is pickled into the experiment directory, so it holds only the
     experiment's key and finds ``should_stop`` in :data:`~tuner.engine_search.LIVE_RUNS`
@@ -811,8 +813,8 @@ class TuningEngine:
             return FIFOScheduler()  # type: ignore[no-untyped-call]
         return ProtectedASHA(
             time_attr="training_iteration",
-            # With probes the trainable reports ``score`` at the rungs (the probe's accuracy)
-            # and at the run's end (its own); ASHA sees no other epoch's result.
+            # With probes the trainable reports ``score`` at the rungs (the probe's value of
+            # the metric) and at the run's end (its own); ASHA sees no other epoch's result.
             # ``score`` is the metric oriented so that larger is better.
             metric="score" if self.probes else metric,
             mode="max" if self.probes else self.objective.scheduler_mode,

@@ -17,7 +17,7 @@ is trained. :class:`ScheduleSearcher` drives Optuna's ask/tell interface itself:
   infeasible trial (``Trial.set_constraint``) and another is drawn, so Tune only trains
   feasible schedules (:data:`MAX_DRAWS` draws at most, then the study fails with a message
   saying the constraint is too tight for the space);
-* per-epoch accuracy is reported as Optuna intermediate values (single objective), and a
+* the study metric per epoch is reported as Optuna intermediate values (single objective), and a
   trial that ended early (ASHA, cancel) is told ``PRUNED`` (TPE ranks pruned trials by how
   far they got and their last value); a failed trial is told ``FAIL``;
 * **prefix reuse** (``prefix_reuse`` > 0, single objective): after the startup trials, that
@@ -451,8 +451,8 @@ class ScheduleSearcher(Searcher):
         self._report(trial_id, result)
 
     def _report(self, trial_id: str, result: Mapping[str, Any]) -> None:
-        """The epoch's accuracy as the Optuna trial's intermediate value at step = the epoch's
-        index (0-based, as the store numbers epochs), each epoch once."""
+        """The epoch's value of the study metric as the Optuna trial's intermediate value at
+        step = the epoch's index (0-based, as the store numbers epochs), each epoch once."""
         meta = self._trials.get(trial_id)
         if meta is None or meta.optuna_trial_id is None or self._objective.is_multi:
             return
