@@ -26,6 +26,7 @@ __all__ = [
     "MAX_TINYLM_TRAIN_TOKENS",
     "MAX_TOTAL_VALUES",
     "Cifar10Options",
+    "DenoiseOptions",
     "DigitsOptions",
     "Mnist1dOptions",
     "SyntheticOptions",
@@ -72,6 +73,36 @@ class Mnist1dOptions(TaskOptions):
         default=8000, ge=100, le=100_000, multiple_of=10, description="Held-out test samples."
     )
     width: int = Field(default=32, ge=4, le=512, description="Channels of the first conv layers.")
+
+
+class DenoiseOptions(TaskOptions):
+    """Options of ``denoise`` (:mod:`workers.tasks.denoise`): image denoising, not
+    classification, so it declares its own metrics (PSNR in dB, the primary one, and the
+    mean per-patch MSE as the loss)."""
+
+    metrics: ClassVar[Mapping[str, Literal["max", "min"]]] = {
+        "val_psnr": "max",
+        "val_loss": "min",
+    }
+    primary_metric: ClassVar[str] = "val_psnr"
+
+    patch_size: int = Field(
+        default=24, ge=8, le=64, description="Side of the square grey-level patches, in pixels."
+    )
+    num_train_patches: int = Field(
+        default=1024,
+        ge=64,
+        le=200_000,
+        description="Training patches (random crops of the training regions, flipped/rotated).",
+    )
+    noise_sigma: float = Field(
+        default=25 / 255,
+        gt=0.0,
+        le=1.0,
+        description="Std of the Gaussian noise on the [0, 1] scale (25/255: sigma 25 of 255).",
+    )
+    depth: int = Field(default=7, ge=3, le=20, description="Conv layers of the DnCNN.")
+    width: int = Field(default=32, ge=4, le=128, description="Channels of its hidden layers.")
 
 
 class DigitsOptions(TaskOptions):

@@ -162,7 +162,7 @@ def test_path_options_are_found_by_their_type() -> None:
 
 def test_builtin_tasks_publish_their_options_models() -> None:
     published = {ep.name for ep in entry_points(group=tuner.tasks.OPTIONS_ENTRY_POINT_GROUP)}
-    builtins = {"cifar10", "digits", "mnist1d", "synthetic", "tinylm"}
+    builtins = {"cifar10", "denoise", "digits", "mnist1d", "synthetic", "tinylm"}
     assert published == set(available_tasks()) >= builtins
     for name in published:
         model = options_model(name)
@@ -323,7 +323,7 @@ def test_validating_options_and_serving_the_api_import_no_torch(tmp_path: Path) 
         "from tuner.spec import StudySpec\n"
         "from tuner.tasks import validate_task_options\n"
         "validate_task_options('cifar10', {'data_dir': 'cifar-10-batches-py', 'depth': 8})\n"
-        "for task in ('cifar10', 'digits', 'mnist1d', 'synthetic'):\n"
+        "for task in ('cifar10', 'denoise', 'digits', 'mnist1d', 'synthetic'):\n"
         "    try:\n"
         "        validate_task_options(task, {'bogus': 1})\n"
         "    except ValueError:\n"

@@ -70,7 +70,7 @@ def mnist1d_default() -> TaskData:
 
 def test_builtins_are_listed_with_usable_defaults() -> None:
     infos = {info.name: info for info in list_tasks()}
-    assert {"mnist1d", "digits", "synthetic", "cifar10", "tinylm"} <= set(infos)
+    assert {"mnist1d", "digits", "synthetic", "cifar10", "tinylm", "denoise"} <= set(infos)
     assert set(available_tasks()) <= set(infos)  # every name the API accepts loads here
     for name, info in infos.items():
         task = get_task(name)
@@ -95,7 +95,7 @@ def test_unknown_task_names_the_known_ones() -> None:
         get_task("mnist2d")
     message = str(info.value)
     assert "mnist2d" in message
-    for name in ("cifar10", "digits", "mnist1d", "synthetic", "tinylm"):
+    for name in ("cifar10", "denoise", "digits", "mnist1d", "synthetic", "tinylm"):
         assert name in message
 
 
@@ -173,7 +173,14 @@ def test_third_party_task_loads_through_its_entry_point(
 
 def test_builtins_resolve_without_package_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("workers.tasks.entry_points", lambda group: [])
-    assert sorted(BUILTIN_TASKS) == ["cifar10", "digits", "mnist1d", "synthetic", "tinylm"]
+    assert sorted(BUILTIN_TASKS) == [
+        "cifar10",
+        "denoise",
+        "digits",
+        "mnist1d",
+        "synthetic",
+        "tinylm",
+    ]
     for name in BUILTIN_TASKS:
         assert get_task(name).name == name
     with pytest.raises(NotFoundError):

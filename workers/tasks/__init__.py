@@ -1,4 +1,5 @@
-"""Training tasks by name: registry and built-ins (mnist1d, digits, synthetic, cifar10, tinylm).
+"""Training tasks by name: the registry, and the built-ins (mnist1d, digits, synthetic, cifar10,
+tinylm, denoise).
 
 A task bundles data and model (see :class:`workers.tasks.base.Task`)::
 
@@ -134,6 +135,7 @@ BUILTIN_TASKS: dict[str, str] = {
     "synthetic": "workers.tasks.synthetic:TASK",
     "cifar10": "workers.tasks.cifar10:TASK",
     "tinylm": "workers.tasks.tinylm:TASK",
+    "denoise": "workers.tasks.denoise:TASK",
 }
 
 _lock = threading.RLock()
