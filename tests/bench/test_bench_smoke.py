@@ -249,3 +249,29 @@ def test_loop_throughput_smoke(
     assert saved["summary_line"] == _last_line(
         (tmp_path / "loop_throughput_smoke.md").read_text().replace("```", "").strip()
     )
+
+
+def test_denoise_batch_penalty_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench/denoise_batch_penalty.py --smoke``: a tiny denoise model, 2 epochs at the base
+    batch and at twice it (sqrt and linear LR scaling) through the trial loop (no Ray)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    module = _load("denoise_batch_penalty")
+    data = module.main(["--smoke", "--results-dir", str(tmp_path)])
+    assert torch.get_num_threads() == threads  # put back
+    fields = _fields(_last_line(capsys.readouterr().out), "denoise_batch_penalty")
+    assert set(fields) == {"base_psnr", "penalty_sqrt_2x", "penalty_linear_2x"}
+    assert [(r["label"], r["batch"]) for r in data["rows"]] == [
+        ("base", 32),
+        ("2x sqrt", 64),
+        ("2x linear + warm-up", 64),
+    ]
+    base = data["rows"][0]["mean"]
+    assert float(fields["base_psnr"]) == pytest.approx(base, abs=0.006)
+    for row in data["rows"][1:]:
+        assert row["penalty"] == pytest.approx(base - row["mean"])
+    assert len(data["base_run"]["val_psnr"]) == 2
+    saved = json.loads((tmp_path / "denoise_batch_penalty_smoke.json").read_text())
+    assert saved["summary_line"].startswith("denoise_batch_penalty base_psnr=")
+    assert "| 2x sqrt | 64 |" in (tmp_path / "denoise_batch_penalty_smoke.md").read_text()

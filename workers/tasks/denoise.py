@@ -28,11 +28,24 @@ Model: :class:`~workers.tasks.models.DnCNN` (Zhang et al. 2017), ``depth`` conv 
 ``width`` channels, predicting the noise (output = input - prediction); 47,008 parameters
 by default. AdamW (beta1 0.9, no weight decay), as is usual for DnCNN.
 
-Measured through the trial loop (the project's machine: 2 shared CPU cores, one thread, the
-small-batch baseline's schedule: the LR / 4 at 50 % and 75 % of the epochs): the default run
-(8 epochs of batch 32 at LR 1e-3, 256 steps) scores 23.2, 28.8, 29.3, 29.2, 30.0, 30.2, 30.2,
-30.1 dB after its epochs (seed 0; seed 1 ends at 30.2), with 1.9-2.6 s of training per epoch
-depending on the machine's load (about 20 s per run with validation).
+Measured through the trial loop (``.venv/bin/python bench/denoise_batch_penalty.py``; the
+project's machine: 2 shared CPU cores, one thread per run; the small-batch baseline's schedule,
+the LR / 4 at 50 % and 75 % of the epochs): the default run (8 epochs of batch 32 at LR 1e-3,
+256 steps) scores 23.2, 28.8, 29.3, 29.2, 30.0, 30.2, 30.2, 30.1 dB after its epochs (seed 0;
+seed 1 ends at 30.2), with 1.8-1.9 s of training per epoch on a quiet machine (16 s per run,
+validation included; up to 4x that under load). The same 8 epochs at a larger batch, final
+val PSNR (mean of seeds 0 and 1) and the penalty against the base batch's 30.15 dB:
+
+=====  ================  ===============================
+batch  sqrt LR scaling   linear scaling + 1-epoch warm-up
+=====  ================  ===============================
+64     29.66 (-0.49)     29.96 (-0.19)
+128    27.47 (-2.67)     28.78 (-1.37)
+256    22.68 (-7.46)     20.30 (-9.85)
+512    19.25 (-10.89)    16.36 (-13.79)
+=====  ================  ===============================
+
+At 8x and 16x the run has 32 and 16 optimizer steps and ends near or below the noisy input.
 """
 
 from __future__ import annotations
