@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def _measure(args: argparse.Namespace) -> dict[str, Any]:
     from torch import nn
 
-    from workers.tasks import evaluate_metrics, get_task
+    from workers.tasks import evaluate_metrics, get_task, load_tensors
 
     task = get_task(TASK)
     options: dict[str, Any] = {}
@@ -182,7 +182,7 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
         options = {"num_train_patches": 128, "patch_size": 16, "depth": 3, "width": 8}
         epochs, factors, args.seeds = 2, [2], 1
     base_batch, base_lr = task.default_base_batch_size, task.default_base_lr
-    data = task.load_data(options, seed=0)
+    data = load_tensors(task, options, seed=0)
     noisy = evaluate_metrics(task, nn.Identity(), data.val_x, data.val_y)["val_psnr"]
 
     runs: list[tuple[str, int, str, float, float]] = [("base", base_batch, "linear", base_lr, 0)]

@@ -23,6 +23,7 @@ from workers.tasks import (
     clear_data_cache,
     evaluate_metrics,
     get_task,
+    load_tensors,
 )
 from workers.tasks.denoise import (
     BLOCK_SHAPE,
@@ -41,12 +42,12 @@ SMALL = {"num_train_patches": 64, "patch_size": 16}
 
 @pytest.fixture(scope="module")
 def default_data() -> TaskData:
-    return TASK.load_data({}, seed=0)
+    return load_tensors(TASK, {}, seed=0)
 
 
 def _fresh(options: dict[str, Any], seed: int) -> TaskData:
     clear_data_cache()
-    return TASK.load_data(options, seed)
+    return load_tensors(TASK, options, seed)
 
 
 def _same(a: TaskData, b: TaskData) -> bool:
