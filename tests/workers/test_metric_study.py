@@ -27,6 +27,7 @@ schedule: {total_epochs: 2}
 space:
   stages: {min: 1, max: 2}
   batch_size: {min: 16, max: 128}
+objective: {metric: val_loss}
 budget: {trials: 5, seed_runs: 2, finalists: 1, reserve_finalists: 0}
 resources: {workers: 1, cpus_per_worker: 1}
 """
@@ -36,7 +37,7 @@ def test_a_study_of_a_loss_metric_minimises_it_end_to_end(
     ray_session: None, sqlite_url: str, tmp_path: Path
 ) -> None:
     spec = StudySpec.from_yaml(SPEC)
-    assert spec.objective.metric is None  # the task's primary metric
+    assert spec.objective.metric == "val_loss"  # also tinylm's primary metric
     assert spec.objective_metric() == ("val_loss", "min")
     out = tmp_path / "best.yaml"
     result = tune_spec(spec, sqlite_url, out, storage_path=tmp_path / "ray", quiet=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,20 @@ class _Bad(BaseTask[TaskOptions]):
             return nn.Linear(4, 4)  # expects 4 input features, gets 3
         return nn.Linear(3, 4)
 
+    def loss(
+        self, output: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0
+    ) -> torch.Tensor:
+        if self.kind == "loss-per-sample":  # forgot the sum
+            return nn.functional.cross_entropy(output, target, reduction="none")
+        if self.kind == "loss-nan":
+            return output.sum() * float("nan")
+        return super().loss(output, target, label_smoothing)
+
+    def metrics_from_sums(self, sums: Mapping[str, float], count: int) -> dict[str, float]:
+        if self.kind == "metric-missing":  # declares val_accuracy but computes only the loss
+            return {"loss": sums["loss"] / count}
+        return super().metrics_from_sums(sums, count)
+
 
 @pytest.mark.parametrize(
     ("kind", "message"),
@@ -98,6 +113,16 @@ class _Bad(BaseTask[TaskOptions]):
         ("build", "building its model failed: ImportError: No module named 'timm'"),
         ("shape", "maps a batch of shape (2, 3) to (2, 5); expected (2, 4) (one logit per class"),
         ("forward", "its model failed on a batch of shape (2, 3) (2 training samples)"),
+        (
+            "loss-per-sample",
+            "its loss on the model's output (2, 4) and targets (2,) is (2,); expected a scalar "
+            "tensor (the sum of the batch's per-sample losses)",
+        ),
+        ("loss-nan", "its loss on the model's output (2, 4) and targets (2,) is nan"),
+        (
+            "metric-missing",
+            "metrics_from_sums returns ['loss'] but the task declares val_accuracy",
+        ),
     ],
 )
 def test_a_task_whose_model_cannot_train_is_rejected_before_any_trial(
