@@ -1,20 +1,24 @@
 """Objectives: how a trial's per-epoch metrics become the value(s) the tuner optimises.
 
 The trainable reports, every epoch, cumulative ``steps``, ``samples`` and ``wall_time_s``
-(training time so far) next to ``val_accuracy``; Tune adds ``training_iteration`` (epochs
-done). An objective reads the **last** report of a trial:
+(training time so far) next to the task's validation metrics (``val_accuracy`` and
+``val_loss`` for classification, ``val_psnr``, ...); Tune adds ``training_iteration`` (epochs
+done). A study optimises one of them, its **metric** (``objective.metric``, default the task's
+primary metric; maximised or minimised as the task declares). An objective reads the **last**
+report of a trial:
 
-* ``accuracy``: maximise the final ``val_accuracy``. Constraints (mean batch size, total
-  steps) follow from the schedule and the dataset size, so they are checked when a schedule
-  is sampled: a violating schedule is **not trained**; it is told to Optuna as an infeasible
-  trial (``Trial.set_constraint``), which TPE and NSGA-II use to steer away from it.
-  ASHA compares ``val_accuracy`` at its rungs.
+* ``accuracy``: the final value of the metric (validation accuracy unless the spec names
+  another). Constraints (mean batch size, total steps) follow from the schedule and the
+  dataset size, so they are checked when a schedule is sampled: a violating schedule is
+  **not trained**; it is told to Optuna as an infeasible trial (``Trial.set_constraint``),
+  which TPE and NSGA-II use to steer away from it. ASHA compares the metric at its rungs
+  (with cooldown probes, ``score``: the probe's value, larger is better).
 * ``time_to_accuracy``: minimise the cost (cumulative ``steps`` or ``wall_time_s``) at the
-  first epoch whose ``val_accuracy`` reaches the target; the trial stops there. A trial that
-  never reaches it costs ``penalty_factor x (its cost projected to the whole run) x
-  (1 + shortfall)``, so nearer misses rank better. ASHA compares ``val_accuracy``.
-* ``pareto``: maximise ``val_accuracy`` and minimise the cost, both at the end of the run; no
-  ASHA (a multi-objective study has no single metric to cut on).
+  first epoch whose metric reaches the target (``target_accuracy``, or ``target`` of the
+  metric); the trial stops there. A trial that never reaches it costs ``penalty_factor x (its
+  cost projected to the whole run) x (1 + shortfall)``, so nearer misses rank better.
+* ``pareto``: the metric and the cost, both at the end of the run; no ASHA (a
+  multi-objective study has no single metric to cut on).
 
 A trial's outcome (:func:`trial_status`): ``failed`` (it raised), ``diverged`` (non-finite
 loss), ``completed`` (all epochs, or the target reached), else ``stopped`` (ASHA or a cancel
