@@ -1,6 +1,7 @@
 """Seed-robust picks: the study's result is chosen on fresh seeds, not on one lucky run.
 
-On small tasks the seed-to-seed spread of a schedule's final accuracy is as large as the
+On small tasks the seed-to-seed spread of a schedule's final metric (validation accuracy,
+loss, PSNR: the study's) is as large as the
 differences a search ranks, so the best single run is partly the luckiest one. Before a
 single-objective study reports its result, its ``finalists`` (the best tuned schedules by
 their search run, plus the best baseline) train again, whole, on ``seed_runs`` fresh seeds
@@ -12,12 +13,14 @@ with the best mean objective value (:func:`pick`); every finalist is reported as
 A seed run that does not complete (diverged, failed, a constraint missed) counts against its
 schedule: finalists are ranked first by how many of their seed runs failed, then by mean.
 
-When the pick proves **unstable** (its fresh seeds disagree: final accuracy spreads more than
-``UNSTABLE_STD``, or a run did not complete), the finalists were likely lucky on the study seed
-and the schedules the search stopped early may hold a safer one (ASHA stops on early evidence).
+When the pick proves **unstable** (its fresh seeds disagree: the final metric spreads more
+than ``UNSTABLE_STD``, relative for a metric larger than 1, or a run did not complete), the
+finalists were likely lucky on the study seed and the schedules the search stopped early may
+hold a safer one (ASHA stops on early evidence).
 Up to ``reserve_finalists`` more tuned schedules then train on the same fresh seeds
 (:func:`reserves`): those whose evidence in the search (their last cooldown-probe score, else
-their last accuracy) beats the pick's mean accuracy, the longest-trained first. The pick is
+their last value of the metric, oriented so that larger is better) beats the pick's mean,
+the longest-trained first. The pick is
 then made among all of them.
 
 This module is pure: the engine trains the runs and hands their outcomes here.
@@ -99,6 +102,7 @@ class SeedStats:
 
     @property
     def accuracy_mean(self) -> float | None:
+        """The mean of the metric's final values (the name is older than study metrics)."""
         return self._mean_std(self.accuracies)[0]
 
     @staticmethod
