@@ -4,7 +4,8 @@
   (:class:`workers.gang.Gang` running :class:`workers.loop.TrialWorker`: the code every trial
   and ``stagetune replay`` run) and evaluates each final model on the task's TEST split, which
   no tuning ever sees. Rank 0's :meth:`TrialWorker.state` gives the trained weights; the
-  driver loads them into a fresh model of the task and calls :func:`workers.tasks.evaluate`.
+  driver loads them into a fresh model of the task and calls
+  :func:`workers.tasks.evaluate_metrics` (every metric the task declares, ``test_<name>``).
 * :func:`run_tuning_study` runs one study end to end through the service's code path
   (``StudyStore`` + :func:`workers.runner.run_study`, i.e. the engine with Ray Tune, Optuna
   and ASHA) in a scratch SQLite database, recording the order in which trials finish.
@@ -45,6 +46,7 @@ __all__ = [
     "mean_std",
     "retrain_many",
     "run_tuning_study",
+    "worst_metric_value",
     "write_json",
 ]
 
@@ -109,8 +111,10 @@ class Job:
 class RunResult:
     label: str
     seed: int
-    test_accuracy: float
-    val_accuracy: float
+    test_accuracy: float | None
+    """Test accuracy for a task that declares ``val_accuracy`` (0 for a diverged run), else
+    None."""
+    val_accuracy: float | None
     epochs: int
     steps: int
     samples: int
@@ -122,9 +126,23 @@ class RunResult:
     """Driver's wall time of the run after ``configure``: every epoch with its validation, and
     the test pass."""
     diverged: bool
+    test_metrics: dict[str, float] = field(default_factory=dict)
+    """Every metric the task declares on the TEST split, ``test_<name>``
+    (:func:`workers.tasks.evaluate_metrics`); a diverged run gets each metric's worst value
+    (accuracy 0, else -inf for a ``max`` metric and +inf for a ``min`` one)."""
+    val_metrics: dict[str, float | None] = field(default_factory=dict)
+    """The last epoch's validation metrics, ``val_<name>`` (None where not finite)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def worst_metric_value(name: str, direction: str) -> float:
+    """What a diverged run scores on a metric: 0 accuracy (as the benchmarks always counted
+    it), else the metric's worst end (-inf for ``max``, +inf for ``min``)."""
+    if name.removeprefix("val_").removeprefix("test_") == "accuracy":
+        return 0.0
+    return -math.inf if direction == "max" else math.inf
 
 
 def _trial_config(job: Job, gpus_per_worker: float = 0.0) -> dict[str, Any]:
@@ -144,7 +162,7 @@ def _trial_config(job: Job, gpus_per_worker: float = 0.0) -> dict[str, Any]:
 def _train_and_test(gang: Any, job: Job, gpus_per_worker: float = 0.0) -> RunResult:
     import torch
 
-    from workers.tasks import evaluate, get_task, load_tensors
+    from workers.tasks import evaluate_metrics, get_task, load_tensors
 
     gang.call(
         "configure", _trial_config(job, gpus_per_worker)
@@ -163,7 +181,15 @@ def _train_and_test(gang: Any, job: Job, gpus_per_worker: float = 0.0) -> RunRes
     model = task.build_model(options)
     model.load_state_dict(state["model"])
     diverged = bool(last.get("diverged"))
-    test_acc = 0.0 if diverged else float(evaluate(model, data.test_x, data.test_y)[1])
+    if diverged:
+        test = {
+            f"test_{name.removeprefix('val_')}": worst_metric_value(name, direction)
+            for name, direction in task.metrics.items()
+        }
+    else:
+        test = evaluate_metrics(task, model, data.test_x, data.test_y, split="test")
+    val = {name: _finite_or_none(last.get(name)) for name in task.metrics}
+    test_acc = test.get("test_accuracy")
     steps = int(last.get("steps") or 0)
     samples = int(last.get("samples") or 0)
     train_time = float(last.get("wall_time_s") or 0.0)
@@ -171,7 +197,7 @@ def _train_and_test(gang: Any, job: Job, gpus_per_worker: float = 0.0) -> RunRes
         label=job.label,
         seed=job.seed,
         test_accuracy=test_acc,
-        val_accuracy=float(last.get("val_accuracy") or 0.0),
+        val_accuracy=None if test_acc is None else float(last.get("val_accuracy") or 0.0),
         epochs=int(last.get("epoch", -1)) + 1,
         steps=steps,
         samples=samples,
@@ -180,7 +206,16 @@ def _train_and_test(gang: Any, job: Job, gpus_per_worker: float = 0.0) -> RunRes
         samples_per_s=samples / train_time if train_time > 0 else 0.0,
         wall_time_s=time.perf_counter() - started,
         diverged=diverged,
+        test_metrics=test,
+        val_metrics=val,
     )
+
+
+def _finite_or_none(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def retrain_many(
@@ -280,8 +315,9 @@ class StudyRun:
     study_id: int
     status: str
     trials: tuple[dict[str, Any], ...]
-    """Per trial: number, baseline, status, epochs_done, val_accuracy, steps, samples,
-    feasible, summary, finished_s (seconds from the start when it finished)."""
+    """Per trial: number, baseline, status, epochs_done, val_accuracy, metric_value (the
+    study metric's last value), steps, samples, feasible, summary, finished_s (seconds from
+    the start when it finished)."""
     best_number: int | None
     best_yaml: str | None
     summary: dict[str, Any]
@@ -330,6 +366,7 @@ def run_tuning_study(spec: StudySpec, workdir: Path) -> StudyRun:
             "epochs_done": o.epochs_done,
             "compute_epochs": o.extra.get("compute_epochs"),
             "val_accuracy": o.val_accuracy,
+            "metric_value": o.metric_value,
             "steps": o.steps,
             "samples": o.samples,
             "feasible": o.feasible,

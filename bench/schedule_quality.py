@@ -16,11 +16,17 @@ scratch and evaluates the final model on the task's TEST split (never seen by tu
   ``workers.runner.run_study`` with the printed budget, or ``--tuned-yaml``), retrained from
   its YAML with the same fresh seeds as the others (not its tuning trial's seed).
 
-The study optimises validation accuracy under ``max_steps`` = ``--steps-fraction`` (1/5) of
-the small batch's steps: the target is small-batch accuracy at >= 5x fewer optimizer steps.
+The study optimises the task's study metric (its primary one, e.g. validation accuracy for
+mnist1d and validation loss for tinylm, or ``--metric``) under ``max_steps`` =
+``--steps-fraction`` (1/5) of the small batch's steps: the target is small-batch quality at
+>= 5x fewer optimizer steps. Each retraining is scored on the TEST split by
+``workers.tasks.evaluate_metrics`` (every metric the task declares; the tables use the study
+metric's ``test_<name>``, and keep accuracy figures for classification tasks). "At least as
+good" follows the metric's direction (``max`` / ``min``).
 
-Writes ``schedule_quality[_smoke].{json,md,png}`` to ``--results-dir`` (default
-``bench/results``) and ends with one line::
+Writes ``schedule_quality[_<task>][_smoke][_<tag>].{json,md,png}`` to ``--results-dir``
+(default ``bench/results``; no ``_<task>`` for mnist1d, nor for the smoke run's digits) and
+ends with one line. For an accuracy study (mnist1d's)::
 
     quality task=.. dominated=K/N steps_ratio_at_small_acc=.. tuned_acc=.. small_acc=..
     small_std=.. tuned_steps=.. small_steps=.. steps_ratio=.. best_baseline=..
@@ -28,28 +34,44 @@ Writes ``schedule_quality[_smoke].{json,md,png}`` to ``--results-dir`` (default
 
 (accuracies in percent on the test split, means over the seeds; ``best_baseline`` is the most
 accurate recipe other than ``small_batch``; ``large_batch_gap`` is the small batch's accuracy
-minus Goyal's large batch's, in points: the penalty a schedule can win back). With
-``--budgets recipes`` (the default) one more study runs under each recipe's own step count
-(``tuned@<steps>``), so the result is a front of tuned schedules: ``dominated`` counts the
-recipes for which some tuned schedule has at least their test accuracy (within one std of
-their mean) at no more steps, and
-``steps_ratio_at_small_acc`` is the small batch's steps over those of the cheapest tuned
-schedule within the small batch's spread (``none``: no such schedule). ``tuned_*`` is the
+minus Goyal's large batch's, in points: the penalty a schedule can win back). For any other
+metric the keys are named after the metric and values are in its units (loss: 4 decimals,
+psnr: 2 decimals, dB)::
+
+    quality task=.. metric=val_loss dominated=K/N steps_ratio_at_small=.. tuned=.. small=..
+    small_std=.. tuned_steps=.. small_steps=.. steps_ratio=.. best_baseline=..
+    best_baseline_value=.. large_batch_gap=..
+
+(``large_batch_gap`` oriented so that a positive gap is a penalty: Goyal's minus the small
+batch's for a ``min`` metric). With ``--budgets recipes`` (the default) one more study runs
+under each recipe's own step count (``tuned@<steps>``), so the result is a front of tuned
+schedules: ``dominated`` counts the recipes for which some tuned schedule is at least as good
+on the test metric (within one std of the recipe's mean) at no more steps, and
+``steps_ratio_at_small[_acc]`` is the small batch's steps over those of the cheapest tuned
+schedule within the small batch's spread (``none``: no such schedule). ``tuned*`` is the
 ``--steps-fraction`` study's.
 
+The batch range is the task's base batch to ``--batch-max``; by default 1,024 for mnist1d
+(measured: Goyal's recipe loses 3-5 points there, 0.3 at 512) and 16x the base batch for other
+tasks (tinylm: 32-512).
+
     .venv/bin/python bench/schedule_quality.py       # mnist1d, 30 epochs, batch 32-1024, 3 seeds
+    .venv/bin/python bench/schedule_quality.py --task tinylm --seeds 5 --trials 24
     .venv/bin/python bench/schedule_quality.py --tuned-yaml best.yaml
     .venv/bin/python bench/schedule_quality.py --smoke --results-dir /tmp/q
+    .venv/bin/python bench/schedule_quality.py --smoke --task tinylm --results-dir /tmp/q
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +109,119 @@ DESCRIPTIONS = {
     "tuned": "found by stagetune (TPE + ASHA), retrained with fresh seeds",
 }
 
+#: The largest batch where it was measured for a task (mnist1d: Goyal's recipe loses 3-5
+#: points to the small batch at 1,024, 0.3 at 512); other tasks get BATCH_FACTOR x their base.
+BATCH_MAX = {"mnist1d": 1024}
+BATCH_FACTOR = 16
+
+#: Task options of the smoke run, for tasks too slow at their defaults (the bench's
+#: ``--task-options`` go on top).
+SMOKE_TASK_OPTIONS: dict[str, dict[str, Any]] = {
+    "tinylm": {"num_train_sequences": 256, "num_val_sequences": 64, "num_test_sequences": 64},
+}
+
+#: How a metric's test values are printed: (scale, decimals, unit); others: (1, 4, "").
+_FORMATS: dict[str, tuple[float, int, str]] = {
+    "accuracy": (100.0, 2, "%"),
+    "psnr": (1.0, 2, " dB"),
+}
+
+
+def default_batch_max(task: str, base_batch: int) -> tuple[int, str]:
+    """The default largest batch of a task's space, and why."""
+    if task in BATCH_MAX:
+        return BATCH_MAX[task], f"measured default for {task}"
+    return BATCH_FACTOR * base_batch, f"{BATCH_FACTOR}x the base batch, the default for {task}"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """The study metric as the bench reports it: ``name`` (``val_<key>``), ``direction``
+    (``"max"`` / ``"min"``) and how test values print."""
+
+    name: str
+    direction: str
+
+    @property
+    def key(self) -> str:
+        return self.name.removeprefix("val_")
+
+    @property
+    def test_key(self) -> str:
+        return f"test_{self.key}"
+
+    @property
+    def is_accuracy(self) -> bool:
+        return self.key == "accuracy"
+
+    @property
+    def short(self) -> str:
+        """In target names: ``acc`` for accuracy, else the key."""
+        return "acc" if self.is_accuracy else self.key
+
+    @property
+    def words(self) -> str:
+        return self.key.replace("_", " ")
+
+    @property
+    def scale(self) -> float:
+        return _FORMATS.get(self.key, (1.0, 4, ""))[0]
+
+    @property
+    def decimals(self) -> int:
+        return _FORMATS.get(self.key, (1.0, 4, ""))[1]
+
+    @property
+    def unit(self) -> str:
+        return _FORMATS.get(self.key, (1.0, 4, ""))[2]
+
+    @property
+    def column(self) -> str:
+        """The table's header: ``test acc %``, ``test loss``, ``test psnr dB``."""
+        if self.is_accuracy:
+            return "test acc %"
+        return f"test {self.words}{self.unit}"
+
+    def fmt(self, value: float | None) -> str:
+        """``value`` scaled (accuracy in percent) at the metric's decimals, no unit."""
+        if value is None:
+            return "n/a"
+        return self.fmt_scaled(self.scale * value)
+
+    def fmt_scaled(self, value: float) -> str:
+        """An already scaled value (e.g. :meth:`penalty`'s) at the metric's decimals."""
+        return f"{value:.{self.decimals}f}"
+
+    def show(self, value: float | None) -> str:
+        """:meth:`fmt` with the unit."""
+        return self.fmt(value) + ("" if value is None else self.unit)
+
+    def better(self, value: float, other: float) -> bool:
+        """Strictly better by the metric's direction."""
+        return value < other if self.direction == "min" else value > other
+
+    def at_least(self, value: float, mean: float, std: float) -> bool:
+        """At least as good as ``mean`` within one ``std`` (a non-finite std counts as 0)."""
+        band = std if math.isfinite(std) else 0.0
+        if self.direction == "min":
+            return value <= mean + band
+        return value >= mean - band
+
+    def best(self, rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        """The row with the best ``metric_mean`` (the first of equals)."""
+        out: dict[str, Any] | None = None
+        for row in rows:
+            if out is None or self.better(row["metric_mean"], out["metric_mean"]):
+                out = row
+        if out is None:
+            raise ValueError("no rows")
+        return out
+
+    def penalty(self, small: float, large: float) -> float:
+        """How much worse ``large`` is than ``small``, scaled (positive: a penalty)."""
+        diff = small - large if self.direction == "max" else large - small
+        return self.scale * float(diff)
+
 
 def study_spec(
     task: str,
@@ -98,12 +233,19 @@ def study_spec(
     grace: int,
     concurrent: int,
     gpus_per_worker: float = 0.0,
+    metric: str | None = None,
+    task_options: Mapping[str, Any] | None = None,
 ) -> StudySpec:
-    """The tuning study: accuracy under a step budget; the baselines are trained here, so the
-    study runs none."""
+    """The tuning study: the task's metric (``metric``, else its primary one) under a step
+    budget; the baselines are trained here, so the study runs none."""
+    objective: dict[str, Any] = {"kind": "accuracy", "max_steps": max_steps}
+    if metric is not None:
+        objective["metric"] = metric
+    extra: dict[str, Any] = {"task_options": dict(task_options)} if task_options else {}
     return StudySpec.from_dict(
         {
             "task": task,
+            **extra,
             "name": f"bench-quality-{task}",
             "seed": seed,
             "schedule": {"total_epochs": epochs, "scaling_rule": "linear"},
@@ -115,7 +257,7 @@ def study_spec(
                 "warmup_epochs": {"min": 0.0, "max": 1.0},
                 "decay": ["constant", "cosine"],
             },
-            "objective": {"kind": "accuracy", "max_steps": max_steps},
+            "objective": objective,
             "budget": {
                 "trials": trials,
                 "max_concurrent": concurrent,
@@ -178,29 +320,66 @@ def linear_ramp(space: ScheduleSpace) -> Schedule:
     return space.schedule(stages)
 
 
-def _row(label: str, runs: list[RunResult]) -> dict[str, Any]:
-    acc_mean, acc_std = mean_std([r.test_accuracy for r in runs])
-    val_mean, _ = mean_std([r.val_accuracy for r in runs])
-    return {
-        "schedule": label,
-        "description": DESCRIPTIONS[label],
-        "test_acc_mean": acc_mean,
-        "test_acc_std": acc_std,
-        "test_acc_min": min(r.test_accuracy for r in runs),
-        "test_acc_max": max(r.test_accuracy for r in runs),
-        "val_acc_mean": val_mean,
-        "steps": runs[0].steps,
-        "mean_batch_size": runs[0].mean_batch_size,
-        "samples_per_s": mean_std([r.samples_per_s for r in runs])[0],
-        "train_time_s": mean_std([r.train_time_s for r in runs])[0],
-        "wall_time_s": mean_std([r.wall_time_s for r in runs])[0],
-        "diverged_runs": sum(r.diverged for r in runs),
-        "seeds": [r.seed for r in runs],
-        "test_acc_per_seed": [r.test_accuracy for r in runs],
-    }
+def _stats(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample std; a diverged run's infinite value makes the mean infinite and the
+    std NaN (no band)."""
+    if all(math.isfinite(v) for v in values):
+        return mean_std(values)
+    finite = [v for v in values if not math.isnan(v)]
+    return (sum(finite) / len(finite) if finite else math.nan), math.nan
 
 
-def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
+def _row(label: str, runs: list[RunResult], metric: Metric) -> dict[str, Any]:
+    row: dict[str, Any] = {"schedule": label, "description": DESCRIPTIONS[label]}
+    accuracies = [r.test_accuracy for r in runs]
+    if all(a is not None for a in accuracies):  # a classification task: as it always was
+        accs = [float(a) for a in accuracies if a is not None]
+        acc_mean, acc_std = mean_std(accs)
+        val_mean, _ = mean_std([float(r.val_accuracy or 0.0) for r in runs])
+        row.update(
+            {
+                "test_acc_mean": acc_mean,
+                "test_acc_std": acc_std,
+                "test_acc_min": min(accs),
+                "test_acc_max": max(accs),
+                "val_acc_mean": val_mean,
+            }
+        )
+    values = [r.test_metrics[metric.test_key] for r in runs]
+    value_mean, value_std = _stats(values)
+    val = [v for r in runs if (v := r.val_metrics.get(metric.name)) is not None]
+    row.update(
+        {
+            "metric": metric.test_key,
+            "metric_mean": value_mean,
+            "metric_std": value_std,
+            "metric_min": min(values),
+            "metric_max": max(values),
+            "val_metric_mean": mean_std(val)[0] if val else None,
+            "test_metrics": {
+                name: _stats([r.test_metrics[name] for r in runs])[0]
+                for name in runs[0].test_metrics
+            },
+        }
+    )
+    row.update(
+        {
+            "steps": runs[0].steps,
+            "mean_batch_size": runs[0].mean_batch_size,
+            "samples_per_s": mean_std([r.samples_per_s for r in runs])[0],
+            "train_time_s": mean_std([r.train_time_s for r in runs])[0],
+            "wall_time_s": mean_std([r.wall_time_s for r in runs])[0],
+            "diverged_runs": sum(r.diverged for r in runs),
+            "seeds": [r.seed for r in runs],
+        }
+    )
+    if "test_acc_mean" in row:
+        row["test_acc_per_seed"] = [r.test_accuracy for r in runs]
+    row["metric_per_seed"] = values
+    return row
+
+
+def _plot(rows: list[dict[str, Any]], title: str, path: Path, metric: Metric) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,23 +387,30 @@ def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for row in rows:
+        if not math.isfinite(row["metric_mean"]):
+            continue  # every seed diverged: nothing to draw
         tuned = _is_tuned(row["schedule"])
+        std = row["metric_std"] if math.isfinite(row["metric_std"]) else 0.0
         ax.errorbar(
             row["steps"],
-            100 * row["test_acc_mean"],
-            yerr=100 * row["test_acc_std"],
+            metric.scale * row["metric_mean"],
+            yerr=metric.scale * std,
             fmt="*" if tuned else "o",
             markersize=14 if tuned else 7,
             capsize=4,
             color=("black" if row["schedule"] == "tuned" else "dimgray") if tuned else None,
-            label=f"{row['schedule']} ({100 * row['test_acc_mean']:.2f}%)",
+            label=f"{row['schedule']} ({metric.show(row['metric_mean'])})",
         )
     ax.set_xscale("log")
     ax.set_xlabel("optimizer steps (log)")
-    ax.set_ylabel("test accuracy, % (mean +/- std over seeds)")
+    unit = ", %" if metric.is_accuracy else (f",{metric.unit}" if metric.unit else "")
+    ax.set_ylabel(
+        f"test {metric.words}{unit} (mean +/- std over seeds"
+        + (", lower is better)" if metric.direction == "min" else ")")
+    )
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="lower right" if metric.direction == "max" else "upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -239,13 +425,27 @@ def _where(data: Mapping[str, Any]) -> str:
     return f"{gpus:g} of one {gpu}, bf16 autocast"
 
 
+def _metric_of(cfg: Mapping[str, Any]) -> Metric:
+    """The study metric a result's config names (accuracy for results from before metrics)."""
+    m = cfg.get("metric") or {}
+    return Metric(m.get("name", "val_accuracy"), m.get("direction", "max"))
+
+
 def _markdown(data: dict[str, Any]) -> str:
     cfg = data["config"]
+    metric = _metric_of(cfg)
+    # Beside a non-accuracy study metric, the task's other metrics (means) get a column each.
+    others = [
+        Metric(name, direction)
+        for name, direction in (cfg.get("declared_metrics") or {}).items()
+        if name != metric.name and not metric.is_accuracy
+    ]
     rows = [
         [
             f"**{r['schedule']}**" if _is_tuned(r["schedule"]) else r["schedule"],
             r["summary"],
-            f"{100 * r['test_acc_mean']:.2f} +/- {100 * r['test_acc_std']:.2f}",
+            f"{metric.fmt(r['metric_mean'])} +/- {metric.fmt(r['metric_std'])}",
+            *(o.fmt(r["test_metrics"].get(o.test_key)) for o in others),
             f"{r['steps']:,}",
             f"{r['mean_batch_size']:.0f}",
             f"{r['samples_per_s']:,.0f}",
@@ -254,16 +454,18 @@ def _markdown(data: dict[str, Any]) -> str:
         ]
         for r in data["rows"]
     ]
+    also = f"; also the means of {', '.join(o.column for o in others)}" if others else ""
     out = [
         f"# Schedule quality: {cfg['task']}, {cfg['epochs']} epochs, seeds {cfg['seeds']}\n",
-        "Test accuracy (held-out split, never seen by tuning), mean +/- sample std over the "
-        "seeds; steps and mean batch per run; samples/s and times are per run (1 worker, "
-        f"{_where(data)}), means over the seeds.\n",
+        f"Test {metric.words} (held-out split, never seen by tuning), mean +/- sample std over "
+        f"the seeds{also}; steps and mean batch per run; samples/s and times are per run (1 "
+        f"worker, {_where(data)}), means over the seeds.\n",
         markdown_table(
             [
                 "schedule",
                 "stages",
-                "test acc %",
+                metric.column,
+                *(o.column for o in others),
                 "steps",
                 "mean batch",
                 "samples/s",
@@ -274,6 +476,14 @@ def _markdown(data: dict[str, Any]) -> str:
         ),
     ]
     tuning = data["tuning"]
+    if "metric" in cfg:
+        m = cfg["metric"]
+        out.append(
+            f"\nStudy metric: {m['name']} ({m['direction']}; {m['source']}); batch range "
+            f"{cfg['batch_range'][0]:,}-{cfg['batch_range'][1]:,} ({cfg['batch_max_source']})"
+            + (f"; task options {json.dumps(cfg['task_options'])}" if cfg["task_options"] else "")
+            + ".\n"
+        )
     out.append(f"\nTuned schedule: {tuning['source']}.\n")
     for label, extra in (data.get("tuning_at_recipe_steps") or {}).items():
         out.append(f"\n{label}: {extra['source']}.\n")
@@ -281,10 +491,23 @@ def _markdown(data: dict[str, Any]) -> str:
     out.append("\nTargets:\n")
     by = {r["schedule"]: r for r in data["rows"]}
     if "small_batch" in by and "large_linear" in by:
-        out.append(
-            f"\nLarge-batch gap of the task: {_gap(by):.2f} points (small batch minus Goyal's "
-            f"large batch at {cfg['batch_range'][1]:,}, test accuracy).\n"
-        )
+        gap = metric.fmt_scaled(_gap(by, metric))
+        if metric.is_accuracy:
+            out.append(
+                f"\nLarge-batch gap of the task: {gap} points (small batch minus Goyal's "
+                f"large batch at {cfg['batch_range'][1]:,}, test accuracy).\n"
+            )
+        else:
+            first, second = (
+                ("Goyal's large batch", "the small batch")
+                if metric.direction == "min"
+                else ("the small batch", "Goyal's large batch")
+            )
+            out.append(
+                f"\nLarge-batch gap of the task: {gap}{metric.unit} of test {metric.words} "
+                f"({first} minus {second}, Goyal's at batch {cfg['batch_range'][1]:,}; "
+                "positive: a penalty).\n"
+            )
     for key, value in targets.items():
         out.append(f"- {key}: {'met' if value['met'] else 'NOT met'} ({value['detail']})\n")
     out.append(f"\nMachine: {data['machine']}\n")
@@ -302,42 +525,50 @@ def _brief(tuning: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in tuning.items() if k != "trials"}
 
 
-def _dominance(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Which recipes some tuned schedule dominates: at least the recipe's test accuracy
-    (within one std of the recipe's mean) at no more steps; and the largest step saving
-    of a tuned schedule with small-batch accuracy (within its spread)."""
+def _as_good(row: Mapping[str, Any], ref: Mapping[str, Any], metric: Metric) -> bool:
+    """``row``'s mean test metric is at least as good as ``ref``'s, within one std of it."""
+    return metric.at_least(row["metric_mean"], ref["metric_mean"], ref["metric_std"])
+
+
+def _dominance(rows: dict[str, dict[str, Any]], metric: Metric) -> dict[str, Any]:
+    """Which recipes some tuned schedule dominates: at least as good on the test metric as
+    the recipe (within one std of the recipe's mean, by the metric's direction) at no more
+    steps; and the largest step saving of a tuned schedule with small-batch quality (within
+    its spread)."""
     tuned = [r for k, r in rows.items() if _is_tuned(k)]
     recipes = [r for k, r in rows.items() if not _is_tuned(k)]
     by: dict[str, str | None] = {}
     for recipe in recipes:
-        floor = recipe["test_acc_mean"] - recipe["test_acc_std"]
-        hits = [t for t in tuned if t["steps"] <= recipe["steps"] and t["test_acc_mean"] >= floor]
-        best = max(hits, key=lambda t: t["test_acc_mean"]) if hits else None
+        hits = [t for t in tuned if t["steps"] <= recipe["steps"] and _as_good(t, recipe, metric)]
+        best = metric.best(hits) if hits else None
         by[recipe["schedule"]] = None if best is None else best["schedule"]
     small = rows["small_batch"]
-    floor = small["test_acc_mean"] - small["test_acc_std"]
-    ratios = [small["steps"] / t["steps"] for t in tuned if t["test_acc_mean"] >= floor]
-    return {"by": by, "ratio_at_small_acc": max(ratios) if ratios else None}
+    ratios = [small["steps"] / t["steps"] for t in tuned if _as_good(t, small, metric)]
+    return {"by": by, "ratio_at_small": max(ratios) if ratios else None}
 
 
-def _gap(rows: dict[str, dict[str, Any]]) -> float:
-    """The task's large-batch penalty in points: the small batch's mean test accuracy minus
-    Goyal's linear-scaling large batch's (what a search over this batch range can win back)."""
-    return 100 * float(rows["small_batch"]["test_acc_mean"] - rows["large_linear"]["test_acc_mean"])
+def _gap(rows: dict[str, dict[str, Any]], metric: Metric) -> float:
+    """The task's large-batch penalty, scaled as printed (accuracy in points): how much worse
+    Goyal's linear-scaling large batch's mean test metric is than the small batch's (what a
+    search over this batch range can win back); positive: a penalty."""
+    return metric.penalty(rows["small_batch"]["metric_mean"], rows["large_linear"]["metric_mean"])
 
 
-def _targets(rows: dict[str, dict[str, Any]], ratio_goal: float) -> dict[str, Any]:
+def _targets(rows: dict[str, dict[str, Any]], ratio_goal: float, metric: Metric) -> dict[str, Any]:
     if "tuned" not in rows:
         return {}
     tuned, small = rows["tuned"], rows["small_batch"]
-    within = tuned["test_acc_mean"] >= small["test_acc_mean"] - small["test_acc_std"]
+    within = _as_good(tuned, small, metric)
     ratio = small["steps"] / tuned["steps"] if tuned["steps"] else math.inf
-    dom = _dominance(rows)
+    dom = _dominance(rows, metric)
     dominated = [k for k, v in dom["by"].items() if v is not None]
-    at_small = dom["ratio_at_small_acc"]
+    at_small = dom["ratio_at_small"]
     others = [r for k, r in rows.items() if k != "small_batch" and not _is_tuned(k)]
-    beaten = [r["schedule"] for r in others if tuned["test_acc_mean"] > r["test_acc_mean"]]
+    beaten = [
+        r["schedule"] for r in others if metric.better(tuned["metric_mean"], r["metric_mean"])
+    ]
     cheaper = [r["schedule"] for r in others if r["steps"] < tuned["steps"]]
+    what = metric.words
     return {
         "every_recipe_dominated": {
             "met": len(dominated) == len(dom["by"]),
@@ -348,18 +579,18 @@ def _targets(rows: dict[str, dict[str, Any]], ratio_goal: float) -> dict[str, An
                 f"{k}: {'by ' + v if v else 'not dominated'}" for k, v in dom["by"].items()
             ),
         },
-        f"small_acc_at_{ratio_goal:g}x_fewer_steps": {
+        f"small_{metric.short}_at_{ratio_goal:g}x_fewer_steps": {
             "met": at_small is not None and at_small >= ratio_goal,
             "ratio": at_small,
-            "detail": "no tuned schedule reaches the small batch's accuracy within its spread"
+            "detail": f"no tuned schedule reaches the small batch's {what} within its spread"
             if at_small is None
             else f"best tuned schedule within the small batch's spread: {at_small:.2f}x "
             "fewer steps",
         },
         "within_small_batch_spread": {
             "met": within,
-            "detail": f"tuned {100 * tuned['test_acc_mean']:.2f}% vs small "
-            f"{100 * small['test_acc_mean']:.2f} +/- {100 * small['test_acc_std']:.2f}%",
+            "detail": f"tuned {metric.show(tuned['metric_mean'])} vs small "
+            f"{metric.fmt(small['metric_mean'])} +/- {metric.show(small['metric_std'])}",
         },
         f"at_least_{ratio_goal:g}x_fewer_steps": {
             "met": ratio >= ratio_goal,
@@ -374,7 +605,11 @@ def _targets(rows: dict[str, dict[str, Any]], ratio_goal: float) -> dict[str, An
 
 
 def _tune(
-    args: argparse.Namespace, space: ScheduleSpace, max_steps: int, small_steps: int
+    args: argparse.Namespace,
+    space: ScheduleSpace,
+    max_steps: int,
+    small_steps: int,
+    metric: Metric,
 ) -> tuple[Schedule, dict[str, Any]]:
     """One tuning study under ``max_steps``: its seed-robust best schedule and what it cost."""
     spec = study_spec(
@@ -387,6 +622,13 @@ def _tune(
         args.grace,
         args.concurrent,
         args.gpus_per_worker,
+        args.metric,
+        args.task_options,
+    )
+    goal = (
+        "val accuracy"
+        if metric.is_accuracy
+        else f"{metric.name} ({'minimised' if metric.direction == 'min' else 'maximised'})"
     )
     budget = (
         f"{args.trials} trials (TPE, {spec.budget.startup_trials} random start-up, ASHA "
@@ -394,7 +636,7 @@ def _tune(
         f"{'on' if spec.budget.cooldown_probes else 'off'}, prefix reuse "
         f"{spec.budget.prefix_reuse:g}), {args.concurrent} at once, 1 worker "
         f"each{f' ({args.gpus_per_worker:g} GPU)' if args.gpus_per_worker else ''}, "
-        f"{args.epochs} epochs, objective: val accuracy with max_steps {max_steps} "
+        f"{args.epochs} epochs, objective: {goal} with max_steps {max_steps} "
         f"({max_steps / small_steps:.2g} x small batch's {small_steps}), batch "
         f"{space.base_batch_size}-{space.largest_batch}"
     )
@@ -413,10 +655,11 @@ def _tune(
         among = f"{len(rows) - reserves} finalists" + (
             f" and {reserves} reserve(s) (the finalists' pick was unstable)" if reserves else ""
         )
+        mean = stats.get("metric_mean", stats.get(f"{metric.name}_mean"))
+        std = stats.get("metric_std", stats.get(f"{metric.name}_std"))
         seed_note = (
             f"; picked on {len(seeded.get('seeds') or ())} fresh seeds among {among} (val "
-            f"{100 * (stats.get('val_accuracy_mean') or 0):.2f} +/- "
-            f"{100 * (stats.get('val_accuracy_std') or 0):.2f}%, seed runs "
+            f"{metric.fmt(mean or 0)} +/- {metric.show(std or 0)}, seed runs "
             f"{float(seeded.get('compute_epochs') or 0):.0f} trial-epochs; the search's "
             f"single-run best was trial {seeded.get('search_pick')})"
         )
@@ -430,11 +673,14 @@ def _tune(
         raise SystemExit(f"the study under max_steps {max_steps} found no feasible schedule")
     tuned = Schedule.from_yaml(run.best_yaml)
     best = next(t for t in run.trials if t["number"] == run.best_number)
+    best_value = best.get("metric_value")
+    if best_value is None and metric.is_accuracy:
+        best_value = best["val_accuracy"]
     tuning = {
         "source": f"study run here: {budget}; took {run.wall_time_s:.0f} s wall, "
         f"{trial_epochs} trial-epochs by the trials, {compute:.0f} in all (cooldown probes, "
         f"seed runs); best trial {run.best_number} (val "
-        f"{100 * (best['val_accuracy'] or 0):.2f}% on the study seed){seed_note}",
+        f"{metric.show(best_value or 0)} on the study seed){seed_note}",
         "budget": budget,
         "wall_time_s": run.wall_time_s,
         "trial_epochs": trial_epochs,
@@ -442,24 +688,85 @@ def _tune(
         "seed_runs": seeded or None,
         "best_number": run.best_number,
         "best_val_accuracy": best["val_accuracy"],
+        "best_metric_value": best_value,
         "yaml": run.best_yaml,
         "trials": list(run.trials),
     }
     return tuned, tuning
 
 
+def summary_line(
+    task: str, metric: Metric, rows: Mapping[str, dict[str, Any]], targets: Mapping[str, Any]
+) -> str:
+    """The last line the bench prints: an accuracy study's keys as they always were
+    (``tuned_acc=`` etc.), another metric's named after it, values in its units."""
+    small = rows["small_batch"]
+    t = rows["tuned"]
+    others = [r for k, r in rows.items() if k != "small_batch" and not _is_tuned(k)]
+    best_other = metric.best(others)
+    front = targets["every_recipe_dominated"]
+    at_small = targets[f"small_{metric.short}_at_5x_fewer_steps"]["ratio"]
+    ratio = "none" if at_small is None else f"{at_small:.2f}"
+    steps = (
+        f"tuned_steps={t['steps']} small_steps={small['steps']} "
+        f"steps_ratio={small['steps'] / max(1, t['steps']):.2f}"
+    )
+    gap = metric.fmt_scaled(_gap(dict(rows), metric))
+    if metric.is_accuracy:
+        return (
+            f"quality task={task} dominated={front['dominated']}/{front['recipes']} "
+            f"steps_ratio_at_small_acc={ratio} "
+            f"tuned_acc={metric.fmt(t['metric_mean'])} "
+            f"small_acc={metric.fmt(small['metric_mean'])} "
+            f"small_std={metric.fmt(small['metric_std'])} {steps} "
+            f"best_baseline={best_other['schedule']} "
+            f"best_baseline_acc={metric.fmt(best_other['metric_mean'])} "
+            f"large_batch_gap={gap}"
+        )
+    return (
+        f"quality task={task} metric={metric.name} "
+        f"dominated={front['dominated']}/{front['recipes']} "
+        f"steps_ratio_at_small={ratio} tuned={metric.fmt(t['metric_mean'])} "
+        f"small={metric.fmt(small['metric_mean'])} small_std={metric.fmt(small['metric_std'])} "
+        f"{steps} best_baseline={best_other['schedule']} "
+        f"best_baseline_value={metric.fmt(best_other['metric_mean'])} large_batch_gap={gap}"
+    )
+
+
+def _stem(task: str, default_task: bool, smoke: bool, tag: str | None) -> str:
+    """``schedule_quality[_<task>][_smoke][_<tag>]``: no task part for the default task
+    (mnist1d, or digits in the smoke run), so its results keep their names."""
+    stem = "schedule_quality" if default_task else f"schedule_quality_{task}"
+    if smoke:
+        stem += "_smoke"
+    return f"{stem}_{tag}" if tag else stem
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("task", nargs="?", default="mnist1d")
+    parser.add_argument("task", nargs="?", default=None, help="the task (default mnist1d)")
+    parser.add_argument("--task", dest="task_option", default=None, help="the same as TASK")
+    parser.add_argument(
+        "--metric",
+        default=None,
+        help="the study metric (a val_<name> the task declares; default: its primary one)",
+    )
+    parser.add_argument(
+        "--task-options",
+        type=json.loads,
+        default=None,
+        help="task options as JSON, e.g. '{\"num_train_sequences\": 256}'",
+    )
     parser.add_argument("--epochs", type=int, default=None, help="default: the task's (30)")
     parser.add_argument("--seeds", type=int, default=3, help="retraining seeds (fresh)")
     parser.add_argument("--seed-base", type=int, default=1000, help="first retraining seed")
     parser.add_argument(
         "--batch-max",
         type=int,
-        default=1024,
-        help="largest batch of the space (1024: on mnist1d Goyal's recipe then loses about 6 "
-        "points to the small batch, against 0.3 at 512)",
+        default=None,
+        help="largest batch of the space (default: 1024 for mnist1d, where Goyal's recipe "
+        "then loses about 3-5 points to the small batch against 0.3 at 512; else 16x the "
+        "task's base batch, e.g. 512 for tinylm)",
     )
     parser.add_argument("--trials", type=int, default=40, help="tuning budget (trials)")
     parser.add_argument("--grace", type=int, default=3, help="ASHA grace period (epochs)")
@@ -481,27 +788,67 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "single: only the --steps-fraction study",
     )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--smoke", action="store_true", help="digits, 2 epochs, 1 seed, 3 trials")
+    parser.add_argument("--tag", default=None, help="suffix of the result files' names")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="digits (or the task given, tiny options for tinylm), 2 epochs, 1 seed, 3 trials",
+    )
     args = parser.parse_args(argv)
+    if args.task and args.task_option and args.task != args.task_option:
+        parser.error(f"two tasks given: {args.task} and --task {args.task_option}")
+    args.task = args.task or args.task_option or "mnist1d"
+    if args.metric is not None and not args.metric.startswith("val_"):
+        args.metric = f"val_{args.metric}"
+    default_task = args.task == "mnist1d"
     if args.smoke:
         if args.task == "mnist1d":
             args.task = "digits"
+        args.task_options = {**SMOKE_TASK_OPTIONS.get(args.task, {}), **(args.task_options or {})}
         args.epochs = args.epochs or 2
         args.seeds, args.trials, args.grace = 1, 3, 1
         args.batch_max = 128
         args.steps_fraction = 0.6
-    stem = "schedule_quality_smoke" if args.smoke else "schedule_quality"
+    args.task_options = dict(args.task_options or {})
+    stem = _stem(args.task, default_task, args.smoke, args.tag)
     started = time.perf_counter()
 
     from workers.runner import resolve_spec
     from workers.tasks import get_task
 
+    task = get_task(args.task)
     if args.epochs is None:
-        args.epochs = get_task(args.task).default_epochs
+        args.epochs = task.default_epochs
+    if args.batch_max is None:
+        args.batch_max, batch_max_source = default_batch_max(
+            args.task, task.default_base_batch_size
+        )
+    else:
+        batch_max_source = "--smoke" if args.smoke else "--batch-max"
     # The space (base batch / LR / optimizer from the task) fixes every baseline.
-    probe = study_spec(args.task, args.epochs, args.batch_max, 10**9, 2, 0, 1, 1)
+    probe = study_spec(
+        args.task,
+        args.epochs,
+        args.batch_max,
+        10**9,
+        2,
+        0,
+        1,
+        1,
+        metric=args.metric,
+        task_options=args.task_options,
+    )
+    metric = Metric(*probe.objective_metric())
     resolved, train_size = resolve_spec(probe)
     space = ScheduleSpace.from_spec(resolved)
+    print(
+        f"task {args.task}: study metric {metric.name} ({metric.direction}"
+        f"{', --metric' if args.metric else ', the task primary metric'}), batch "
+        f"{space.base_batch_size}-{space.largest_batch} ({batch_max_source}), {args.epochs} "
+        f"epochs, {train_size:,} training samples"
+        + (f", task options {json.dumps(args.task_options)}" if args.task_options else ""),
+        flush=True,
+    )
     schedules: dict[str, Schedule] = {
         "small_batch": small_batch(space),
         "large_linear": large_batch(space),
@@ -518,7 +865,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         tuned = Schedule.load(args.tuned_yaml)
         tuning = {"source": f"--tuned-yaml {args.tuned_yaml}", "budget": None}
     else:
-        tuned, tuning = _tune(args, space, max_steps, small_steps)
+        tuned, tuning = _tune(args, space, max_steps, small_steps, metric)
     if tuned.total_epochs != args.epochs:
         raise SystemExit(f"the tuned schedule has {tuned.total_epochs} epochs, not {args.epochs}")
     schedules["tuned"] = tuned
@@ -533,10 +880,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for cap in caps:
         label = f"tuned@{cap}"
         DESCRIPTIONS[label] = f"found by stagetune under max_steps {cap}, fresh seeds"
-        schedules[label], extra_tuning[label] = _tune(args, space, cap, small_steps)
+        schedules[label], extra_tuning[label] = _tune(args, space, cap, small_steps, metric)
     seeds = [args.seed_base + i for i in range(args.seeds)]
     jobs = [
-        Job(label, schedule, args.task, seed)
+        Job(label, schedule, args.task, seed, args.task_options)
         for seed in seeds
         for label, schedule in schedules.items()
     ]
@@ -545,7 +892,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     def done(r: RunResult) -> None:
         print(
-            f"  {r.label:<15} seed {r.seed}: test {100 * r.test_accuracy:.2f}% "
+            f"  {r.label:<15} seed {r.seed}: test {metric.show(r.test_metrics[metric.test_key])} "
             f"({r.steps} steps, {r.wall_time_s:.0f} s)",
             flush=True,
         )
@@ -556,12 +903,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     by_label: dict[str, dict[str, Any]] = {}
     for label, schedule in schedules.items():
-        row = _row(label, [r for r in results if r.label == label])
+        row = _row(label, [r for r in results if r.label == label], metric)
         row["summary"] = schedule.summary()
         row["schedule_yaml"] = schedule.to_yaml()
         by_label[label] = row
     rows = list(by_label.values())
-    targets = _targets(by_label, 5.0)
+    targets = _targets(by_label, 5.0, metric)
     data: dict[str, Any] = {
         "config": {
             "task": args.task,
@@ -572,6 +919,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "base_lr": space.base_lr,
             "gpus_per_worker": args.gpus_per_worker,
             "smoke": args.smoke,
+            "metric": {
+                "name": metric.name,
+                "direction": metric.direction,
+                "test_key": metric.test_key,
+                "source": "--metric" if args.metric else "the task's primary metric",
+            },
+            "declared_metrics": dict(task.metrics),
+            "batch_max_source": batch_max_source,
+            "task_options": args.task_options,
         },
         "tuning": tuning,
         "tuning_at_recipe_steps": {k: _brief(v) for k, v in extra_tuning.items()},
@@ -580,29 +936,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "machine": machine_info(),
         "total_wall_time_s": time.perf_counter() - started,
     }
-    small = by_label["small_batch"]
-    t = by_label["tuned"]
-    others = [r for k, r in by_label.items() if k not in ("small_batch",) and not _is_tuned(k)]
-    best_other = max(others, key=lambda r: r["test_acc_mean"])
-    front = targets["every_recipe_dominated"]
-    at_small = targets["small_acc_at_5x_fewer_steps"]["ratio"]
-    line = (
-        f"quality task={args.task} dominated={front['dominated']}/{front['recipes']} "
-        f"steps_ratio_at_small_acc={'none' if at_small is None else f'{at_small:.2f}'} "
-        f"tuned_acc={100 * t['test_acc_mean']:.2f} "
-        f"small_acc={100 * small['test_acc_mean']:.2f} "
-        f"small_std={100 * small['test_acc_std']:.2f} tuned_steps={t['steps']} "
-        f"small_steps={small['steps']} steps_ratio={small['steps'] / max(1, t['steps']):.2f} "
-        f"best_baseline={best_other['schedule']} "
-        f"best_baseline_acc={100 * best_other['test_acc_mean']:.2f} "
-        f"large_batch_gap={_gap(by_label):.2f}"
-    )
-    data["summary_line"] = line
+    data["summary_line"] = summary_line(args.task, metric, by_label, targets)
     args.results_dir.mkdir(parents=True, exist_ok=True)
     _plot(
         rows,
-        f"{args.task}, {args.epochs} epochs: test accuracy vs optimizer steps",
+        f"{args.task}, {args.epochs} epochs: test {metric.words} vs optimizer steps",
         args.results_dir / f"{stem}.png",
+        metric,
     )
     return publish(args.results_dir, stem, data, _markdown)
 
