@@ -71,9 +71,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # Run as a script (``bench/`` is not a package): the repository root for ``tuner`` /
 # ``workers``, and ``bench/`` itself for the shared helpers in ``common.py``.
@@ -134,8 +133,7 @@ def default_batch_max(task: str, base_batch: int) -> tuple[int, str]:
     return BATCH_FACTOR * base_batch, f"{BATCH_FACTOR}x the base batch, the default for {task}"
 
 
-@dataclass(frozen=True)
-class Metric:
+class Metric(NamedTuple):
     """The study metric as the bench reports it: ``name`` (``val_<key>``), ``direction``
     (``"max"`` / ``"min"``) and how test values print."""
 
@@ -841,9 +839,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     metric = Metric(*probe.objective_metric())
     resolved, train_size = resolve_spec(probe)
     space = ScheduleSpace.from_spec(resolved)
+    source = "--metric" if args.metric else "the task's primary metric"
     print(
-        f"task {args.task}: study metric {metric.name} ({metric.direction}"
-        f"{', --metric' if args.metric else ', the task primary metric'}), batch "
+        f"task {args.task}: study metric {metric.name} ({metric.direction}, {source}), batch "
         f"{space.base_batch_size}-{space.largest_batch} ({batch_max_source}), {args.epochs} "
         f"epochs, {train_size:,} training samples"
         + (f", task options {json.dumps(args.task_options)}" if args.task_options else ""),
@@ -923,7 +921,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 "name": metric.name,
                 "direction": metric.direction,
                 "test_key": metric.test_key,
-                "source": "--metric" if args.metric else "the task's primary metric",
+                "source": source,
             },
             "declared_metrics": dict(task.metrics),
             "batch_max_source": batch_max_source,
