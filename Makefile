@@ -39,19 +39,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# Two pytest processes side by side: the tests that use Ray (marker ray: the studies, the
-# trial gangs, the topology's own Ray nodes) one after another in one, as in a single run
-# (they are sized for the machine's 2 cores and share one Ray instance); everything else,
-# quick or slow (single-process training, the browser, subprocess CLIs), in the other, at a
-# lower priority (nice) since the Ray run is the longer one and sets the time; its report
-# follows when both end.
+# Two pytest processes side by side: the tests that train or run studies (markers ray, slow:
+# they may start Ray, in this process or in a subprocess, so they never run beside each other)
+# one after another in one, as in a single run (they are sized for the machine's 2 cores and
+# share one Ray instance); everything else (quick tests, and the browser's tests that need no
+# Ray) in the other, at a lower priority (nice) since the training run is the longer one and
+# sets the time; its report follows when both end.
 test: $(STAMP) system-deps lint typecheck
 	@tmp=$$(mktemp -d); \
-	nice -n 10 $(BIN)/pytest -m "not ray" --basetemp="$$tmp/quick" >"$$tmp/quick.log" 2>&1 & \
+	nice -n 10 $(BIN)/pytest -m "not ray and (not slow or browser)" --basetemp="$$tmp/quick" >"$$tmp/quick.log" 2>&1 & \
 	quick=$$!; \
-	$(BIN)/pytest -m "ray" --basetemp="$$tmp/training"; training=$$?; \
+	$(BIN)/pytest -m "ray or (slow and not browser)" --basetemp="$$tmp/training"; training=$$?; \
 	wait $$quick; quick=$$?; \
-	echo "=== the tests not marked ray (run alongside) ==="; cat "$$tmp/quick.log"; \
+	echo "=== the quick tests and the browser's (run alongside) ==="; cat "$$tmp/quick.log"; \
 	rm -rf "$$tmp"; \
 	test $$training -eq 0 && test $$quick -eq 0
 

@@ -682,7 +682,6 @@ def state_api_actors(topo: Topology) -> list[dict[str, Any]] | None:
 
 
 @pytest.mark.slow
-@pytest.mark.ray  # starts Ray nodes of its own: it runs beside no other Ray test (Makefile)
 @pytest.mark.postgres
 @pytest.mark.timeout(1500)
 def test_topology_runs_a_study_on_the_ray_worker_node(topology: Topology) -> None:
