@@ -112,18 +112,17 @@ def objective_metric(spec: Mapping[str, Any], task: str | None = None) -> tuple[
     if isinstance(metric, str) and direction in ("max", "min"):
         return metric, direction
     if task is not None:
-        from tuner.tasks import task_metrics
+        from tuner.tasks import resolve_metric
 
+        target = spec.get("target_accuracy")
         try:
-            declared, primary = task_metrics(task)
-        except StagetuneError:
-            return "val_accuracy", "max"
-        name = metric if isinstance(metric, str) else None
-        if name is None and spec.get("target_accuracy") is not None:
-            name = "val_accuracy"
-        name = name or primary
-        if name in declared:
-            return name, declared[name]
+            return resolve_metric(
+                task,
+                metric if isinstance(metric, str) else None,
+                target_accuracy=target if isinstance(target, int | float) else None,
+            )
+        except StagetuneError:  # unknown here, or a broken declaration: as stored before
+            pass
     return "val_accuracy", "max"
 
 

@@ -39,7 +39,7 @@ import difflib
 import json
 import math
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, Self
 
@@ -58,7 +58,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from tuner.errors import StagetuneError, ValidationError, field_problems
-from tuner.tasks import MetricDirection, check_task_name, task_metrics, task_option_problems
+from tuner.tasks import MetricDirection, check_task_name, resolve_metric, task_option_problems
 
 __all__ = [
     "BASELINE_NAMES",
@@ -702,14 +702,8 @@ class StudySpec(_Model):
         """The validation metric the study optimises and its direction (the task's
         declaration): ``objective.metric``, else validation accuracy for a
         ``target_accuracy``, else the task's primary metric."""
-        declared, primary = task_metrics(self.task)
-        name = self.objective.metric
-        if name is None and getattr(self.objective, "target_accuracy", None) is not None:
-            name = "val_accuracy"
-        name = name or primary
-        if name not in declared:
-            raise ValidationError(_unknown_metric(self.task, name, declared))
-        return name, declared[name]
+        target = getattr(self.objective, "target_accuracy", None)
+        return resolve_metric(self.task, self.objective.metric, target_accuracy=target)
 
     # ------------------------------------------------------------------ loading
 
@@ -857,11 +851,6 @@ def _batch_problems(spec: StudySpec) -> list[str]:
                 "it; raise space.batch_size.max or lower the constraint"
             )
     return out
-
-
-def _unknown_metric(task: str, name: str, declared: Mapping[str, str]) -> str:
-    listed = ", ".join(f"{m} ({d})" for m, d in declared.items())
-    return f"objective.metric {name!r} is not a metric of task {task!r}; it reports {listed}"
 
 
 def _metric_problems(spec: StudySpec) -> list[str]:

@@ -48,6 +48,7 @@ __all__ = [
     "option_problems",
     "options_model",
     "register_task_name",
+    "resolve_metric",
     "task_metrics",
     "task_option_problems",
     "unregister_task_name",
@@ -178,6 +179,26 @@ def metric_declaration(
     if primary not in metrics:
         raise StagetuneError(f"{where}: its primary_metric {primary!r} is not one of them")
     return metrics, primary
+
+
+def resolve_metric(
+    task: str, metric: str | None, *, target_accuracy: float | None = None
+) -> tuple[str, MetricDirection]:
+    """A study's metric and its direction, the one rule: ``metric`` (``objective.metric``),
+    else validation accuracy when the objective has a ``target_accuracy``, else the task's
+    primary metric. :class:`ValidationError` naming the declared metrics when the task does
+    not declare it; :class:`StagetuneError` when its declaration is broken."""
+    declared, primary = task_metrics(task)
+    name = metric
+    if name is None and target_accuracy is not None:
+        name = "val_accuracy"
+    name = name or primary
+    if name not in declared:
+        listed = ", ".join(f"{m} ({d})" for m, d in declared.items())
+        raise ValidationError(
+            f"objective.metric {name!r} is not a metric of task {task!r}; it reports {listed}"
+        )
+    return name, declared[name]
 
 
 def task_metrics(task: str) -> tuple[dict[str, MetricDirection], str]:
