@@ -113,6 +113,30 @@ DESCRIPTIONS = {
 BATCH_MAX = {"mnist1d": 1024}
 BATCH_FACTOR = 16
 
+#: The LR-multiplier range every mnist1d run here drew from (given explicitly, so the space
+#: never widened it); other tasks get the space's default range unless ``--lr-multiplier``.
+LEGACY_LR_MULTIPLIER = (0.25, 4.0)
+LR_MULTIPLIER = {"mnist1d": LEGACY_LR_MULTIPLIER, "digits": LEGACY_LR_MULTIPLIER}
+_UNSET: Any = object()
+
+
+def parse_lr_multiplier(text: str) -> tuple[float, float] | None:
+    """``--lr-multiplier``: ``MIN,MAX`` or ``default`` (the space's own, widened range)."""
+    if text.strip().lower() == "default":
+        return None
+    try:
+        low, high = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--lr-multiplier takes MIN,MAX (e.g. 0.25,4) or 'default', not {text!r}"
+        ) from None
+    if not 0 < low <= 1 <= high:
+        raise argparse.ArgumentTypeError(
+            f"--lr-multiplier {text}: need 0 < MIN <= 1 <= MAX (1 is the scaling rule's LR)"
+        )
+    return low, high
+
+
 #: Task options of the smoke run, for tasks too slow at their defaults (the bench's
 #: ``--task-options`` go on top).
 SMOKE_TASK_OPTIONS: dict[str, dict[str, Any]] = {
@@ -233,9 +257,12 @@ def study_spec(
     gpus_per_worker: float = 0.0,
     metric: str | None = None,
     task_options: Mapping[str, Any] | None = None,
+    lr_multiplier: tuple[float, float] | None = LEGACY_LR_MULTIPLIER,
 ) -> StudySpec:
     """The tuning study: the task's metric (``metric``, else its primary one) under a step
-    budget; the baselines are trained here, so the study runs none."""
+    budget; the baselines are trained here, so the study runs none. ``lr_multiplier``: the
+    space's range given explicitly, or None for the space's default (widened to reach the
+    square-root rule's LR at the largest batch, ``tuner.space.lr_multiplier_range``)."""
     objective: dict[str, Any] = {"kind": "accuracy", "max_steps": max_steps}
     if metric is not None:
         objective["metric"] = metric
@@ -251,7 +278,11 @@ def study_spec(
                 "stages": {"min": 1, "max": 4},
                 "min_stage_fraction": 0.1,
                 "batch_size": {"max": batch_max},
-                "lr_multiplier": {"min": 0.25, "max": 4.0},
+                **(
+                    {"lr_multiplier": {"min": lr_multiplier[0], "max": lr_multiplier[1]}}
+                    if lr_multiplier is not None
+                    else {}
+                ),
                 "warmup_epochs": {"min": 0.0, "max": 1.0},
                 "decay": ["constant", "cosine"],
             },
@@ -622,6 +653,7 @@ def _tune(
         args.gpus_per_worker,
         args.metric,
         args.task_options,
+        args.lr_multiplier,
     )
     goal = (
         "val accuracy"
@@ -766,6 +798,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "then loses about 3-5 points to the small batch against 0.3 at 512; else 16x the "
         "task's base batch, e.g. 512 for tinylm)",
     )
+    parser.add_argument(
+        "--lr-multiplier",
+        type=parse_lr_multiplier,
+        default=_UNSET,
+        help="the space's LR-multiplier range, MIN,MAX or 'default' (the space's own range, "
+        "widened down to the square-root rule's LR at the largest batch); default: 0.25,4 "
+        "for mnist1d and digits (as every committed run of theirs), 'default' elsewhere",
+    )
     parser.add_argument("--trials", type=int, default=40, help="tuning budget (trials)")
     parser.add_argument("--grace", type=int, default=3, help="ASHA grace period (epochs)")
     parser.add_argument("--concurrent", type=int, default=2, help="trials / runs at once")
@@ -808,6 +848,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.batch_max = 128
         args.steps_fraction = 0.6
     args.task_options = dict(args.task_options or {})
+    if args.lr_multiplier is _UNSET:
+        args.lr_multiplier = LR_MULTIPLIER.get(args.task)
     stem = _stem(args.task, default_task, args.smoke, args.tag)
     started = time.perf_counter()
 
@@ -835,6 +877,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         1,
         metric=args.metric,
         task_options=args.task_options,
+        lr_multiplier=args.lr_multiplier,
     )
     metric = Metric(*probe.objective_metric())
     resolved, train_size = resolve_spec(probe)
@@ -843,7 +886,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(
         f"task {args.task}: study metric {metric.name} ({metric.direction}, {source}), batch "
         f"{space.base_batch_size}-{space.largest_batch} ({batch_max_source}), {args.epochs} "
-        f"epochs, {train_size:,} training samples"
+        f"epochs, {train_size:,} training samples, LR multipliers {space.lr_mult_min:g}-"
+        f"{space.lr_mult_max:g} ({'given' if args.lr_multiplier else 'the space default'})"
         + (f", task options {json.dumps(args.task_options)}" if args.task_options else ""),
         flush=True,
     )
@@ -914,6 +958,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "seeds": seeds,
             "train_size": train_size,
             "batch_range": [space.base_batch_size, space.largest_batch],
+            "lr_multiplier_range": [space.lr_mult_min, space.lr_mult_max],
             "base_lr": space.base_lr,
             "gpus_per_worker": args.gpus_per_worker,
             "smoke": args.smoke,

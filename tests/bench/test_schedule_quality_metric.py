@@ -238,3 +238,26 @@ def test_rows_of_a_min_metric_with_a_diverged_run(sq: ModuleType) -> None:
         "tuned@40": _row("tuned@40", 3.0, 0.1, 40),
     }
     assert sq._dominance(rows, loss)["by"]["large_linear"] == "tuned@40"
+
+
+def test_lr_multiplier_range_is_given_or_left_to_the_space(sq: ModuleType) -> None:
+    """mnist1d's runs keep the range they always drew (0.25-4, given explicitly); ``default``
+    leaves it to the space, which widens its lower bound to the square-root rule's LR at the
+    largest batch (0.25 / sqrt(16) at 16x the base), so an AdamW task can reach the LR it
+    needs at a large batch; a malformed range is refused naming the option."""
+    import argparse
+
+    assert sq.parse_lr_multiplier("0.1,8") == (0.1, 8.0)
+    assert sq.parse_lr_multiplier("default") is None
+    for bad in ("2,4", "0.5", "a,b", "0.5,0.9"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--lr-multiplier"):
+            sq.parse_lr_multiplier(bad)
+    given = sq.study_spec("digits", 4, 512, 100, 4, 0, 1, 1, lr_multiplier=(0.25, 4.0))
+    left = sq.study_spec("digits", 4, 512, 100, 4, 0, 1, 1, lr_multiplier=None)
+    assert "lr_multiplier" in given.space.model_fields_set
+    assert "lr_multiplier" not in left.space.model_fields_set
+
+    from tuner.space import lr_multiplier_range
+
+    assert lr_multiplier_range(given.space.lr_multiplier, "linear", 16) == (0.25, 4.0)
+    assert lr_multiplier_range(left.space.lr_multiplier, "linear", 16) == (0.062, 4.0)
