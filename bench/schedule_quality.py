@@ -70,9 +70,9 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 # Run as a script (``bench/`` is not a package): the repository root for ``tuner`` /
 # ``workers``, and ``bench/`` itself for the shared helpers in ``common.py``.
@@ -82,13 +82,19 @@ for _path in (str(_HERE.parent), str(_HERE)):
         sys.path.insert(0, _path)
 
 from common import (  # noqa: E402
+    LEGACY_LR_MULTIPLIER,
+    LR_MULTIPLIER,
     RESULTS_DIR,
+    UNSET,
     Job,
+    Metric,
     RunResult,
+    default_batch_max,
     ensure_ray,
     machine_info,
     markdown_table,
     mean_std,
+    parse_lr_multiplier,
     publish,
     retrain_many,
     run_tuning_study,
@@ -108,141 +114,11 @@ DESCRIPTIONS = {
     "tuned": "found by stagetune (TPE + ASHA), retrained with fresh seeds",
 }
 
-#: The largest batch where it was measured for a task (mnist1d: Goyal's recipe loses 3-5
-#: points to the small batch at 1,024, 0.3 at 512); other tasks get BATCH_FACTOR x their base.
-BATCH_MAX = {"mnist1d": 1024}
-BATCH_FACTOR = 16
-
-#: The LR-multiplier range every mnist1d run here drew from (given explicitly, so the space
-#: never widened it); other tasks get the space's default range unless ``--lr-multiplier``.
-LEGACY_LR_MULTIPLIER = (0.25, 4.0)
-LR_MULTIPLIER = {"mnist1d": LEGACY_LR_MULTIPLIER, "digits": LEGACY_LR_MULTIPLIER}
-_UNSET: Any = object()
-
-
-def parse_lr_multiplier(text: str) -> tuple[float, float] | None:
-    """``--lr-multiplier``: ``MIN,MAX`` or ``default`` (the space's own, widened range)."""
-    if text.strip().lower() == "default":
-        return None
-    try:
-        low, high = (float(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--lr-multiplier takes MIN,MAX (e.g. 0.25,4) or 'default', not {text!r}"
-        ) from None
-    if not 0 < low <= 1 <= high:
-        raise argparse.ArgumentTypeError(
-            f"--lr-multiplier {text}: need 0 < MIN <= 1 <= MAX (1 is the scaling rule's LR)"
-        )
-    return low, high
-
-
 #: Task options of the smoke run, for tasks too slow at their defaults (the bench's
 #: ``--task-options`` go on top).
 SMOKE_TASK_OPTIONS: dict[str, dict[str, Any]] = {
     "tinylm": {"num_train_sequences": 256, "num_val_sequences": 64, "num_test_sequences": 64},
 }
-
-#: How a metric's test values are printed: (scale, decimals, unit); others: (1, 4, "").
-_FORMATS: dict[str, tuple[float, int, str]] = {
-    "accuracy": (100.0, 2, "%"),
-    "psnr": (1.0, 2, " dB"),
-}
-
-
-def default_batch_max(task: str, base_batch: int) -> tuple[int, str]:
-    """The default largest batch of a task's space, and why."""
-    if task in BATCH_MAX:
-        return BATCH_MAX[task], f"measured default for {task}"
-    return BATCH_FACTOR * base_batch, f"{BATCH_FACTOR}x the base batch, the default for {task}"
-
-
-class Metric(NamedTuple):
-    """The study metric as the bench reports it: ``name`` (``val_<key>``), ``direction``
-    (``"max"`` / ``"min"``) and how test values print."""
-
-    name: str
-    direction: str
-
-    @property
-    def key(self) -> str:
-        return self.name.removeprefix("val_")
-
-    @property
-    def test_key(self) -> str:
-        return f"test_{self.key}"
-
-    @property
-    def is_accuracy(self) -> bool:
-        return self.key == "accuracy"
-
-    @property
-    def short(self) -> str:
-        """In target names: ``acc`` for accuracy, else the key."""
-        return "acc" if self.is_accuracy else self.key
-
-    @property
-    def words(self) -> str:
-        return self.key.replace("_", " ")
-
-    @property
-    def scale(self) -> float:
-        return _FORMATS.get(self.key, (1.0, 4, ""))[0]
-
-    @property
-    def decimals(self) -> int:
-        return _FORMATS.get(self.key, (1.0, 4, ""))[1]
-
-    @property
-    def unit(self) -> str:
-        return _FORMATS.get(self.key, (1.0, 4, ""))[2]
-
-    @property
-    def column(self) -> str:
-        """The table's header: ``test acc %``, ``test loss``, ``test psnr dB``."""
-        if self.is_accuracy:
-            return "test acc %"
-        return f"test {self.words}{self.unit}"
-
-    def fmt(self, value: float | None) -> str:
-        """``value`` scaled (accuracy in percent) at the metric's decimals, no unit."""
-        if value is None:
-            return "n/a"
-        return self.fmt_scaled(self.scale * value)
-
-    def fmt_scaled(self, value: float) -> str:
-        """An already scaled value (e.g. :meth:`penalty`'s) at the metric's decimals."""
-        return f"{value:.{self.decimals}f}"
-
-    def show(self, value: float | None) -> str:
-        """:meth:`fmt` with the unit."""
-        return self.fmt(value) + ("" if value is None else self.unit)
-
-    def better(self, value: float, other: float) -> bool:
-        """Strictly better by the metric's direction."""
-        return value < other if self.direction == "min" else value > other
-
-    def at_least(self, value: float, mean: float, std: float) -> bool:
-        """At least as good as ``mean`` within one ``std`` (a non-finite std counts as 0)."""
-        band = std if math.isfinite(std) else 0.0
-        if self.direction == "min":
-            return value <= mean + band
-        return value >= mean - band
-
-    def best(self, rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-        """The row with the best ``metric_mean`` (the first of equals)."""
-        out: dict[str, Any] | None = None
-        for row in rows:
-            if out is None or self.better(row["metric_mean"], out["metric_mean"]):
-                out = row
-        if out is None:
-            raise ValueError("no rows")
-        return out
-
-    def penalty(self, small: float, large: float) -> float:
-        """How much worse ``large`` is than ``small``, scaled (positive: a penalty)."""
-        diff = small - large if self.direction == "max" else large - small
-        return self.scale * float(diff)
 
 
 def study_spec(
@@ -801,7 +677,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--lr-multiplier",
         type=parse_lr_multiplier,
-        default=_UNSET,
+        default=UNSET,
         help="the space's LR-multiplier range, MIN,MAX or 'default' (the space's own range, "
         "widened down to the square-root rule's LR at the largest batch); default: 0.25,4 "
         "for mnist1d and digits (as every committed run of theirs), 'default' elsewhere",
@@ -848,7 +724,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.batch_max = 128
         args.steps_fraction = 0.6
     args.task_options = dict(args.task_options or {})
-    if args.lr_multiplier is _UNSET:
+    if args.lr_multiplier is UNSET:
         args.lr_multiplier = LR_MULTIPLIER.get(args.task)
     stem = _stem(args.task, default_task, args.smoke, args.tag)
     started = time.perf_counter()

@@ -30,32 +30,36 @@ trial-epochs; the other curves are cut there. The TPE searches get it as their
 ``budget.trial_epochs`` (with ``--tpe-trials``, 72, only a cap on their count), so the compute
 that early stopping and forks save buys more trials.
 
-The *best schedule known* is the most accurate full run (validation accuracy, the tuning
-metric) over all studies of this run; for each study the script reports the trial-epochs spent
-until its best-so-far came within ``--tolerance`` (0.2 point) of it. Target: the default search
-needs at most half of random search's compute.
+The studies optimise the task's primary metric (``--metric`` another one it declares):
+validation accuracy on mnist1d, validation loss on tinylm, PSNR on denoise. The *best schedule
+known* is the best full run by that metric over all studies of this run; for each study the
+script reports the trial-epochs spent until its best-so-far came within ``--tolerance`` of it
+(0.2 point of accuracy, 0.05 nats of loss, 0.2 dB of PSNR by default). Target: the default
+search needs at most half of random search's compute.
 
-Writes ``tuning_efficiency[_smoke].{json,md,png}`` to ``--results-dir`` (default
-``bench/results``) and ends with one line::
+Writes ``tuning_efficiency[_<task>][_smoke][_<tag>].{json,md,png}`` to ``--results-dir``
+(default ``bench/results``; no task part for mnist1d) and ends with one line::
 
-    efficiency task=.. default=tpe+probes+prefixes ratio_vs_random=.. ratio_vs_tpe_asha=..
-        ratio_vs_pbt=..  (one line)
+    efficiency task=.. [metric=..] default=tpe+probes+prefixes ratio_vs_random=..
+        ratio_vs_tpe_asha=.. ratio_vs_pbt=..  (one line; metric= unless it is accuracy)
 
 (ratios of the means over the seeds of the trial-epochs to come within the tolerance; a study
 that never does counts the whole budget, and the JSON flags it).
 
     .venv/bin/python bench/tuning_efficiency.py            # mnist1d, 3 seeds per method
+    .venv/bin/python bench/tuning_efficiency.py --task tinylm   # val loss, 10-epoch trials
     .venv/bin/python bench/tuning_efficiency.py --smoke --results-dir /tmp/e
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +71,16 @@ for _path in (str(_HERE.parent), str(_HERE)):
         sys.path.insert(0, _path)
 
 from common import (  # noqa: E402
+    LR_MULTIPLIER,
     RESULTS_DIR,
-    StudyRun,
+    UNSET,
+    Metric,
+    default_batch_max,
     ensure_ray,
     machine_info,
     markdown_table,
     mean_std,
+    parse_lr_multiplier,
     run_tuning_study,
     write_json,
 )
@@ -103,14 +111,23 @@ def study_spec(
     grace: int,
     concurrent: int,
     trial_epochs: int | None = None,
+    metric: str | None = None,
+    task_options: Mapping[str, Any] | None = None,
+    lr_multiplier: tuple[float, float] | None = (0.25, 4.0),
 ) -> StudySpec:
+    """One method's study; ``metric`` (else the task's primary one) is its objective,
+    ``lr_multiplier`` the space's range given explicitly (None: the space's default)."""
     tpe = method not in ("random", "pbt")
     objective: dict[str, Any] = {"kind": "accuracy"}
     if max_steps is not None:
         objective["max_steps"] = max_steps
+    if metric is not None:
+        objective["metric"] = metric
+    extra: dict[str, Any] = {"task_options": dict(task_options)} if task_options else {}
     return StudySpec.from_dict(
         {
             "task": task,
+            **extra,
             "name": f"bench-efficiency-{method}-{seed}",
             "seed": seed,
             "schedule": {"total_epochs": epochs, "scaling_rule": "linear"},
@@ -118,7 +135,11 @@ def study_spec(
                 "stages": {"min": 1, "max": 4},
                 "min_stage_fraction": 0.1,
                 "batch_size": {"max": batch_max},
-                "lr_multiplier": {"min": 0.25, "max": 4.0},
+                **(
+                    {"lr_multiplier": {"min": lr_multiplier[0], "max": lr_multiplier[1]}}
+                    if lr_multiplier is not None
+                    else {}
+                ),
                 "warmup_epochs": {"min": 0.0, "max": 1.0},
                 "decay": ["constant", "cosine"],
             },
@@ -149,38 +170,57 @@ def study_spec(
     )
 
 
-def curve(run: StudyRun, epochs: int) -> list[dict[str, Any]]:
-    """Best-so-far full-run accuracy after each trial, against cumulative trial-epochs."""
+def curve(trials: Sequence[Mapping[str, Any]], epochs: int, metric: Metric) -> list[dict[str, Any]]:
+    """Best-so-far full-run value of the study metric after each trial (in the order they
+    finished), against cumulative trial-epochs. A trial's value is its ``metric_value`` (an
+    accuracy study's stored before that column: ``val_accuracy``)."""
     spent = 0.0
     best: float | None = None
     points = []
-    for t in run.trials:
+    for t in trials:
         spent += float(t.get("compute_epochs") or t["epochs_done"] or 0)
-        acc = t["val_accuracy"]
-        full = (
-            t["status"] == "completed"
-            and t["feasible"]
-            and int(t["epochs_done"] or 0) >= epochs
-            and isinstance(acc, int | float)
-            and math.isfinite(acc)
-        )
-        if full and (best is None or acc > best):
-            best = float(acc)
+        value = t.get("metric_value")
+        if value is None and metric.is_accuracy:
+            value = t.get("val_accuracy")
+        full = t["status"] == "completed" and t["feasible"] and int(t["epochs_done"] or 0) >= epochs
+        value = float(value) if isinstance(value, int | float) else math.nan
+        if full and math.isfinite(value) and (best is None or metric.better(value, best)):
+            best = value
         points.append({"number": t["number"], "trial_epochs": spent, "best": best})
     return points
 
 
-def epochs_to_reach(points: list[dict[str, Any]], threshold: float, budget: int) -> float | None:
+def epochs_to_reach(
+    points: list[dict[str, Any]], threshold: float, budget: int, metric: Metric
+) -> float | None:
+    """Trial-epochs spent when the best-so-far first reached ``threshold`` (None: not within
+    ``budget``)."""
     for p in points:
         if p["trial_epochs"] > budget:
             return None
-        if p["best"] is not None and p["best"] >= threshold:
+        if p["best"] is not None and metric.reaches(p["best"], threshold):
             return round(float(p["trial_epochs"]), 1)
     return None
 
 
+def best_value(studies: Sequence[Mapping[str, Any]], metric: Metric) -> float | None:
+    """The best full-run value within budget over all studies."""
+    out: float | None = None
+    for s in studies:
+        value = s["best_within_budget"]
+        if value is not None and (out is None or metric.better(value, out)):
+            out = value
+    return out
+
+
 def _plot(
-    studies: list[dict[str, Any]], threshold: float, best: float, budget: int, path: Path
+    studies: list[dict[str, Any]],
+    threshold: float,
+    best: float,
+    tolerance: float,
+    budget: int,
+    metric: Metric,
+    path: Path,
 ) -> None:
     import matplotlib
 
@@ -196,7 +236,7 @@ def _plot(
             if p["trial_epochs"] > budget:
                 break
             xs.append(p["trial_epochs"])
-            ys.append(100 * p["best"] if p["best"] is not None else math.nan)
+            ys.append(metric.scale * p["best"] if p["best"] is not None else math.nan)
         method = s["method"]
         ax.step(
             xs,
@@ -207,18 +247,27 @@ def _plot(
             label=None if method in labelled else method.replace("_", " + "),
         )
         labelled.add(method)
-    ax.axhline(100 * best, color="gray", linewidth=0.8, label=f"best known {100 * best:.2f}%")
     ax.axhline(
-        100 * threshold,
+        metric.scale * best, color="gray", linewidth=0.8, label=f"best known {metric.show(best)}"
+    )
+    ax.axhline(
+        metric.scale * threshold,
         color="gray",
         linestyle="--",
         linewidth=0.8,
-        label=f"within tolerance ({100 * threshold:.2f}%)",
+        label=f"within tolerance ({metric.show(threshold)})",
     )
     ax.set_xlim(0, budget)
-    ax.set_ylim(100 * best - 3.0, 100 * best + 0.5)  # the region that matters (lower: clipped)
+    # The region that matters (15 tolerances on the bad side: 3 points of accuracy).
+    worse = metric.scale * metric.threshold(best, 15 * tolerance)
+    better = metric.scale * metric.threshold(best, -2.5 * tolerance)
+    ax.set_ylim(min(worse, better), max(worse, better))
     ax.set_xlabel("compute spent (trial-epochs)")
-    ax.set_ylabel("best full-run val accuracy so far, %")
+    unit = "%" if metric.is_accuracy else metric.unit.strip()
+    ax.set_ylabel(
+        f"best full-run val {metric.words} so far{', ' + unit if unit else ''}"
+        + (" (lower is better)" if metric.direction == "min" else "")
+    )
     ax.set_title("Best schedule found vs compute (one line per seed)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
@@ -234,13 +283,15 @@ def _fmt_epochs(value: float | None, budget: int) -> str:
 def _markdown(data: dict[str, Any]) -> str:
     cfg = data["config"]
     budget = cfg["budget_trial_epochs"]
+    metric = Metric(cfg["metric"]["name"], cfg["metric"]["direction"])
+    what = "val accuracy" if metric.is_accuracy else f"{metric.name} ({metric.direction})"
     rows = [
         [
             s["method"],
             str(s["seed"]),
             str(s["trials_trained"]),
             f"{s['trial_epochs_total']:.1f}",
-            f"{100 * s['best_within_budget']:.2f}" if s["best_within_budget"] else "-",
+            metric.fmt(s["best_within_budget"]) if s["best_within_budget"] is not None else "-",
             _fmt_epochs(s["epochs_to_reach"], budget),
             f"{s['wall_time_s']:.0f}",
         ]
@@ -253,7 +304,7 @@ def _markdown(data: dict[str, Any]) -> str:
                 "",
                 "",
                 f"{agg['trial_epochs_total_mean']:.0f}",
-                f"{100 * agg['best_mean']:.2f}",
+                metric.fmt(agg["best_mean"]) if math.isfinite(agg["best_mean"]) else "-",
                 f"{agg['epochs_to_reach_mean']:.0f}"
                 + (" (lower bound)" if agg["not_reached"] else ""),
                 "",
@@ -266,16 +317,20 @@ def _markdown(data: dict[str, Any]) -> str:
         f"starts once it is spent; grace {cfg['grace']} epochs, reduction 3; probes after "
         "the rungs' epochs, 0.2 of the epochs trained), curves cut at "
         f"{budget} trial-epochs; {cfg['concurrent']} trials at once, 1 worker each. "
-        f"Objective: val accuracy with max_steps {cfg['max_steps']}. Best schedule known: "
-        f"{100 * data['best_known']:.2f}% val; tolerance {100 * cfg['tolerance']:.1f} point "
-        f"-> threshold {100 * data['threshold']:.2f}%.\n\n",
+        f"Objective: {what} with max_steps {cfg['max_steps']}; batch "
+        f"{cfg['batch_range'][0]}-{cfg['batch_range'][1]}, LR multipliers "
+        f"{cfg['lr_multiplier_range'][0]:g}-{cfg['lr_multiplier_range'][1]:g}. Best schedule "
+        f"known: {metric.show(data['best_known'])} val; tolerance "
+        f"{metric.fmt_scaled(metric.scale * cfg['tolerance'])}"
+        f"{' point' if metric.is_accuracy else metric.unit} -> threshold "
+        f"{metric.show(data['threshold'])}.\n\n",
         markdown_table(
             [
                 "method",
                 "seed",
                 "trials trained",
                 "trial-epochs spent",
-                "best val %",
+                f"best val {'%' if metric.is_accuracy else metric.words + metric.unit}",
                 "trial-epochs to threshold",
                 "wall s",
             ],
@@ -303,15 +358,17 @@ def report(
     started: float,
     stem: str,
     complete: bool,
+    metric: Metric,
+    space: Any,
 ) -> dict[str, Any]:
     """Aggregate the studies so far and write JSON, markdown and PNG (after every seed, so an
     interrupted run leaves the seeds it finished)."""
-    bests = [s["best_within_budget"] for s in studies if s["best_within_budget"] is not None]
-    best_known = max(bests) if bests else 0.0
-    threshold = best_known - args.tolerance
+    found = best_value(studies, metric)
+    best_known = found if found is not None else (0.0 if metric.direction == "max" else math.inf)
+    threshold = metric.threshold(best_known, args.tolerance)
     methods: dict[str, dict[str, Any]] = {}
     for s in studies:
-        s["epochs_to_reach"] = epochs_to_reach(s["curve"], threshold, budget)
+        s["epochs_to_reach"] = epochs_to_reach(s["curve"], threshold, budget, metric)
     for method in METHODS:
         mine = [s for s in studies if s["method"] == method]
         reach = [budget if s["epochs_to_reach"] is None else s["epochs_to_reach"] for s in mine]
@@ -320,7 +377,12 @@ def report(
             "epochs_to_reach_mean": mean_std(reach)[0],
             "not_reached": sum(s["epochs_to_reach"] is None for s in mine),
             "trial_epochs_total_mean": mean_std([s["trial_epochs_total"] for s in mine])[0],
-            "best_mean": mean_std([s["best_within_budget"] or 0.0 for s in mine])[0],
+            # Over the studies that completed a full run within budget (``no_full_run``: the
+            # others).
+            "best_mean": mean_std(
+                [s["best_within_budget"] for s in mine if s["best_within_budget"] is not None]
+            )[0],
+            "no_full_run": sum(s["best_within_budget"] is None for s in mine),
         }
     default_e = methods[DEFAULT]["epochs_to_reach_mean"]
     tpe_e = methods["tpe_asha"]["epochs_to_reach_mean"]
@@ -334,6 +396,10 @@ def report(
     data: dict[str, Any] = {
         "config": {
             "task": args.task,
+            "task_options": args.task_options,
+            "metric": {"name": metric.name, "direction": metric.direction},
+            "batch_range": [space.base_batch_size, space.largest_batch],
+            "lr_multiplier_range": [space.lr_mult_min, space.lr_mult_max],
             "epochs": args.epochs,
             "seeds": sorted({s["seed"] for s in studies}),
             "random_trials": args.random_trials,
@@ -362,21 +428,48 @@ def report(
         "total_wall_time_s": time.perf_counter() - started,
     }
     line = (
-        f"efficiency task={args.task} default={DEFAULT_NAME} ratio_vs_random={ratio:.2f} "
+        f"efficiency task={args.task} "
+        + ("" if metric.is_accuracy else f"metric={metric.name} ")
+        + f"default={DEFAULT_NAME} ratio_vs_random={ratio:.2f} "
         f"ratio_vs_tpe_asha={ratio_tpe:.2f} ratio_vs_pbt={ratio_pbt:.2f}"
     )
     data["summary_line"] = line
     args.results_dir.mkdir(parents=True, exist_ok=True)
     write_json(args.results_dir / f"{stem}.json", data)
     (args.results_dir / f"{stem}.md").write_text(_markdown(data), "utf-8")
-    _plot(studies, threshold, best_known, budget, args.results_dir / f"{stem}.png")
+    if found is not None:
+        _plot(
+            studies,
+            threshold,
+            best_known,
+            args.tolerance,
+            budget,
+            metric,
+            args.results_dir / f"{stem}.png",
+        )
     return data
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="mnist1d")
-    parser.add_argument("--epochs", type=int, default=12, help="epochs of every trial")
+    parser.add_argument(
+        "--metric",
+        default=None,
+        help="the study metric (a val_<name> the task declares; default: its primary one)",
+    )
+    parser.add_argument(
+        "--task-options",
+        type=json.loads,
+        default=None,
+        help="task options as JSON, e.g. '{\"num_train_sequences\": 256}'",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="epochs of every trial (default: 12 for mnist1d, else the task's default)",
+    )
     parser.add_argument("--seeds", type=int, default=3, help="studies per method")
     parser.add_argument("--random-trials", type=int, default=12)
     parser.add_argument(
@@ -392,16 +485,34 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--batch-max",
         type=int,
-        default=1024,
-        help="largest batch of the space (the schedule-quality benchmark's range)",
+        default=None,
+        help="largest batch of the space (default: the schedule-quality benchmark's, 1024 "
+        "for mnist1d, else 16x the task's base batch)",
+    )
+    parser.add_argument(
+        "--lr-multiplier",
+        type=parse_lr_multiplier,
+        default=UNSET,
+        help="the space's LR-multiplier range, MIN,MAX or 'default' (the space's own range); "
+        "default: 0.25,4 for mnist1d and digits (as their committed runs), 'default' elsewhere",
     )
     parser.add_argument("--steps-fraction", type=float, default=0.2, help="max_steps / small's")
     parser.add_argument("--concurrent", type=int, default=2)
-    parser.add_argument("--tolerance", type=float, default=0.002, help="0.2 point (the target)")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="how close to the best known counts as found, in the metric's units (accuracy "
+        "as a fraction); default: 0.002 for accuracy (0.2 point, the target), 0.05 for a "
+        "loss, 0.2 for PSNR (common.TOLERANCES)",
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--smoke", action="store_true", help="digits, 2 epochs, 1 seed, 3 trials")
     parser.add_argument("--tag", default="", help="output name suffix (variant runs)")
     args = parser.parse_args(argv)
+    if args.metric is not None and not args.metric.startswith("val_"):
+        args.metric = f"val_{args.metric}"
+    default_task = args.task == "mnist1d"
     if args.smoke:
         if args.task == "mnist1d":
             args.task = "digits"
@@ -410,18 +521,47 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.grace, args.batch_max, args.steps_fraction = 1, 128, 0.0
     if args.pbt_population is None:
         args.pbt_population = max(2, 2 * args.random_trials // 3)
-    stem = "tuning_efficiency_smoke" if args.smoke else "tuning_efficiency"
+    args.task_options = dict(args.task_options or {})
+    if args.lr_multiplier is UNSET:
+        args.lr_multiplier = LR_MULTIPLIER.get(args.task)
+    stem = "tuning_efficiency" if default_task else f"tuning_efficiency_{args.task}"
+    if args.smoke:
+        stem += "_smoke"
     if args.tag:
         stem += f"_{args.tag}"
     started = time.perf_counter()
 
     from tuner.schedule import Schedule
+    from tuner.space import ScheduleSpace
     from workers.runner import resolve_spec
     from workers.tasks import get_task
 
     task = get_task(args.task)
-    probe = study_spec("random", args.task, args.epochs, args.batch_max, None, 2, 0, 1, 1)
+    if args.epochs is None:
+        args.epochs = 12 if args.task == "mnist1d" else task.default_epochs
+    if args.batch_max is None:
+        args.batch_max = default_batch_max(args.task, task.default_base_batch_size)[0]
+    probe = study_spec(
+        "random",
+        args.task,
+        args.epochs,
+        args.batch_max,
+        None,
+        2,
+        0,
+        1,
+        1,
+        metric=args.metric,
+        task_options=args.task_options,
+        lr_multiplier=args.lr_multiplier,
+    )
+    metric = Metric(*probe.objective_metric())
+    if args.tolerance is None:
+        args.tolerance = metric.default_tolerance
+        if args.tolerance is None:
+            parser.error(f"--tolerance is needed for {metric.name} (no default for it)")
     resolved, train_size = resolve_spec(probe)
+    space = ScheduleSpace.from_spec(resolved)
     small = Schedule.constant(
         resolved.base_batch_size, args.epochs, resolved.base_lr, resolved.base_batch_size
     )
@@ -429,7 +569,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     max_steps = int(small_steps * args.steps_fraction) if args.steps_fraction > 0 else None
     budget = args.random_trials * args.epochs
     print(
-        f"task {task.name}: {args.epochs} epochs per trial, max_steps {max_steps} (small batch: "
+        f"task {task.name}: metric {metric.name} ({metric.direction}), tolerance "
+        f"{args.tolerance:g}, batch {space.base_batch_size}-{space.largest_batch}, LR "
+        f"multipliers {space.lr_mult_min:g}-{space.lr_mult_max:g}; "
+        f"{args.epochs} epochs per trial, max_steps {max_steps} (small batch: "
         f"{small_steps}); random {args.random_trials} trials, TPE + ASHA up to {args.tpe_trials} "
         f"trials; compute budget {budget} trial-epochs; {args.seeds} seed(s)",
         flush=True,
@@ -452,10 +595,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 args.grace,
                 args.concurrent,
                 trial_epochs=budget,
+                metric=args.metric,
+                task_options=args.task_options,
+                lr_multiplier=args.lr_multiplier,
             )
             with tempfile.TemporaryDirectory(prefix="stagetune-bench-") as tmp:
                 run = run_tuning_study(spec, Path(tmp))
-            points = curve(run, args.epochs)
+            points = curve(run.trials, args.epochs, metric)
             within = [p for p in points if p["trial_epochs"] <= budget]
             best_in = within[-1]["best"] if within else None
             studies.append(
@@ -473,12 +619,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(
                 f"  {method:<15} seed {seed}: {len(run.trials)} trials, "
                 f"{studies[-1]['trial_epochs_total']:.1f} trial-epochs, best "
-                f"{100 * (best_in or 0):.2f}% within budget, {run.wall_time_s:.0f} s",
+                f"{metric.show(best_in)} within budget, {run.wall_time_s:.0f} s",
                 flush=True,
             )
             if method == METHODS[-1]:
-                report(studies, args, budget, max_steps, small_steps, started, stem, False)
-    data = report(studies, args, budget, max_steps, small_steps, started, stem, True)
+                report(
+                    studies,
+                    args,
+                    budget,
+                    max_steps,
+                    small_steps,
+                    started,
+                    stem,
+                    False,
+                    metric,
+                    space,
+                )
+    data = report(studies, args, budget, max_steps, small_steps, started, stem, True, metric, space)
     print(_markdown(data))
     print(data["summary_line"], flush=True)
     return data

@@ -1,0 +1,98 @@
+"""The metric-generic parts of ``bench/tuning_efficiency.py`` without training anything: the
+best-so-far curve follows the study metric's direction and counts only full runs, the
+threshold lies on the metric's worse side of the best known, and a study reaches it when its
+best-so-far is at least that good. The runs themselves are covered by ``test_bench_smoke.py``."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def te() -> ModuleType:
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(
+        "bench_tuning_efficiency", BENCH / "tuning_efficiency.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _trial(number: int, epochs: int, value: float | None, compute: float, **kw: Any) -> Any:
+    return {
+        "number": number,
+        "status": kw.get("status", "completed"),
+        "feasible": kw.get("feasible", True),
+        "epochs_done": epochs,
+        "compute_epochs": compute,
+        "metric_value": value,
+        "val_accuracy": kw.get("val_accuracy"),
+    }
+
+
+def test_a_loss_study_curve_goes_down_and_counts_full_runs_only(te: ModuleType) -> None:
+    loss = te.Metric("val_loss", "min")
+    trials = [
+        _trial(0, 10, 2.40, 10.0),
+        _trial(1, 3, 1.50, 3.6),  # stopped by ASHA at a low mid-run loss: not a schedule found
+        _trial(2, 10, 2.10, 10.0),
+        _trial(3, 10, 2.30, 10.0),  # worse than the best so far: the curve stays
+        _trial(4, 10, float("nan"), 10.0),  # diverged
+        _trial(5, 10, 1.95, 12.0, status="error"),
+        _trial(6, 10, 1.98, 8.0),  # forked: fewer trial-epochs than its epochs
+    ]
+    points = te.curve(trials, 10, loss)
+    assert [p["best"] for p in points] == [2.40, 2.40, 2.10, 2.10, 2.10, 2.10, 1.98]
+    assert [p["trial_epochs"] for p in points] == [10.0, 13.6, 23.6, 33.6, 43.6, 55.6, 63.6]
+
+    studies = [{"best_within_budget": 1.98}, {"best_within_budget": 2.02}]
+    assert te.best_value(studies, loss) == 1.98
+    threshold = loss.threshold(1.98, 0.05)
+    assert threshold == pytest.approx(2.03)
+    # 2.10 is not within 0.05 nats of 1.98; 1.98 is, after 63.6 trial-epochs.
+    assert te.epochs_to_reach(points, threshold, 100, loss) == 63.6
+    assert te.epochs_to_reach(points, threshold, 60, loss) is None  # not within the budget
+
+
+def test_an_accuracy_study_reads_as_it_always_did(te: ModuleType) -> None:
+    acc = te.Metric("val_accuracy", "max")
+    trials = [
+        _trial(0, 12, None, 12.0, val_accuracy=0.97),  # stored before metric_value existed
+        _trial(1, 12, 0.985, 12.0),
+    ]
+    points = te.curve(trials, 12, acc)
+    assert [p["best"] for p in points] == [0.97, 0.985]
+    assert te.best_value([{"best_within_budget": 0.985}, {"best_within_budget": None}], acc) == (
+        0.985
+    )
+    threshold = acc.threshold(0.985, 0.002)
+    assert threshold == pytest.approx(0.983)
+    assert te.epochs_to_reach(points, threshold, 144, acc) == 24.0
+    assert acc.default_tolerance == 0.002
+    assert te.Metric("val_psnr", "max").default_tolerance == 0.2
+    assert te.Metric("val_perplexity", "min").default_tolerance is None
+
+
+def test_the_study_spec_names_the_metric_and_leaves_the_lr_range_to_the_space(
+    te: ModuleType,
+) -> None:
+    spec = te.study_spec(
+        "default", "tinylm", 10, 512, 128, 24, 0, 2, 2, 100, "val_loss", None, None
+    )
+    assert spec.objective_metric() == ("val_loss", "min")
+    assert "lr_multiplier" not in spec.space.model_fields_set
+    legacy = te.study_spec("random", "digits", 2, 128, None, 3, 0, 1, 1)
+    assert legacy.objective_metric() == ("val_accuracy", "max")
+    assert legacy.space.lr_multiplier.min == 0.25
