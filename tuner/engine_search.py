@@ -13,7 +13,9 @@ is trained. :class:`ScheduleSearcher` drives Optuna's ask/tell interface itself:
   only plain data (Tune trial id -> trial number / Optuna trial number);
 * the first suggestions are the baselines (trial numbers 0, 1, 2); they are not Optuna
   trials;
-* a sampled schedule that violates the objective's constraint is told to Optuna as an
+* the objective's ``max_steps`` is built into the draws (each stage draws only batch sizes
+  with which the run can still meet it, :class:`tuner.space.StepCap`); a sampled schedule
+  that still violates a constraint (a mean-batch bound) is told to Optuna as an
   infeasible trial (``Trial.set_constraint``) and another is drawn, so Tune only trains
   feasible schedules (:data:`MAX_DRAWS` draws at most, then the study fails with a message
   saying the constraint is too tight for the space);
@@ -64,7 +66,7 @@ from tuner.optuna_storage import (
     open_storage,
 )
 from tuner.schedule import Schedule
-from tuner.space import ScheduleSpace, constraint_violations
+from tuner.space import ScheduleSpace, StepCap, constraint_violations
 
 if TYPE_CHECKING:
     from optuna.samplers import BaseSampler
@@ -222,6 +224,9 @@ class ScheduleSearcher(Searcher):
         self._seed = seed
         self._startup_trials = startup_trials
         self._train_size = train_size
+        # The objective's max_steps, built into the draws (tuner.space: the sampler's random
+        # start-up is not spent on schedules the constraint would reject).
+        self._cap = StepCap.of(objective.spec, train_size)
         self._engine_kwargs = dict(engine_kwargs or {})
         self._next_number = 0
         self._trials: dict[str, TrialMeta] = {}
@@ -384,7 +389,7 @@ class ScheduleSearcher(Searcher):
             elif attempt < 3:
                 self._enqueue_prefix(number, attempt)
             trial = study.ask()
-            schedule = self._space.sample(trial)
+            schedule = self._space.sample(trial, self._cap)
             violations = constraint_violations(schedule, self._objective.spec, self._train_size)
             for name, amount in violations.items():
                 trial.set_constraint(name, amount)
@@ -429,7 +434,7 @@ class ScheduleSearcher(Searcher):
         if not parents:
             return
         parent, reached = parents[rng.randrange(len(parents))]
-        schedule = self._space.sample(optuna.trial.FixedTrial(parent.params))
+        schedule = self._space.sample(optuna.trial.FixedTrial(parent.params), self._cap)
         ends = [k for k, st in enumerate(schedule.stages[:-1], start=1) if st.end_epoch <= reached]
         if not ends:
             return
@@ -560,7 +565,7 @@ class ScheduleSearcher(Searcher):
         if schedule is None:
             log.info("no noise-scale candidate: the small-batch baseline measured no noise scale")
             return
-        params = self._space.params_for(schedule)
+        params = self._space.params_for(schedule, self._cap)
         if params is None:
             log.info("no noise-scale candidate: %s is not in the space", schedule.summary())
             return

@@ -12,7 +12,7 @@ import pytest
 
 from tuner.errors import ValidationError
 from tuner.schedule import Schedule, Stage, place
-from tuner.space import ScheduleSpace, check_feasible, constraint_violations
+from tuner.space import ScheduleSpace, StepCap, check_feasible, constraint_violations
 from tuner.spec import StudySpec, TaskDefaults
 
 DEFAULTS = TaskDefaults(epochs=20, base_batch_size=32, base_lr=0.05)
@@ -194,6 +194,83 @@ def test_check_feasible_rejects_constraints_no_schedule_can_meet() -> None:
     check_feasible(space, spec.objective, 2560)  # 10 x 10 = 100 steps: feasible
     with pytest.raises(ValidationError, match="exceeds the task's 200 training samples"):
         check_feasible(space, spec.objective, 200)
+
+
+CAPPED = """
+task: tinylm
+schedule: {total_epochs: 10, scaling_rule: linear}
+space:
+  stages: {min: 1, max: 4}
+  batch_size: {min: 32, max: 512}
+  decay: [constant, cosine]
+objective: {max_steps: %d}
+"""
+
+
+def _capped_draws(max_steps: int, n: int) -> tuple[ScheduleSpace, StepCap, list[Schedule]]:
+    spec = StudySpec.from_yaml(CAPPED % max_steps)
+    space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
+    cap = StepCap.of(spec.objective, 2048)
+    assert cap == StepCap(max_steps, 2048)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    drawn = []
+    for _ in range(n):
+        trial = study.ask()
+        drawn.append(space.sample(trial, cap))
+        study.tell(trial, 0.0)
+    return space, cap, drawn
+
+
+def test_a_step_cap_is_built_into_the_draws() -> None:
+    """The objective's max_steps on 2,048 samples over 10 epochs: every draw meets it, none is
+    wasted. At 40 steps only batch 512 can (4 steps an epoch), so every stage gets 512 and the
+    draws explore the LR multipliers over their whole range instead (rejection kept 12 of 28
+    draws on tinylm, all with multipliers above 0.69); at 128 steps the draws mix batches
+    (smaller ones early, as far as the rest of the run at 512 leaves room for)."""
+    space, cap, drawn = _capped_draws(40, 60)
+    assert all(st.batch_size == 512 for sch in drawn for st in sch.stages)
+    mults = sorted(st.lr_multiplier for sch in drawn for st in sch.stages)
+    assert (space.lr_mult_min, space.lr_mult_max) == (0.062, 4.0)
+    assert mults[0] < 0.15
+    assert mults[-1] > 2.0
+    assert sum(m < 0.5 for m in mults) > len(mults) // 4  # log-uniform: half below 0.5
+
+    space, cap, drawn = _capped_draws(128, 200)
+    for sch in drawn:
+        assert (
+            constraint_violations(sch, StudySpec.from_yaml(CAPPED % 128).objective, 2048)[
+                "max_steps"
+            ]
+            <= 0
+        )
+        assert sch.total_steps(2048) <= 128
+    firsts = Counter(sch.stages[0].batch_size for sch in drawn)
+    # 32 fits only as a 1-epoch first stage: 64 steps + 9 epochs x 4 at 512 = 100.
+    assert {32, 64, 128, 256, 512} <= set(firsts)
+    assert any(sch.total_steps(2048) > 100 for sch in drawn)  # the cap is used, not avoided
+
+    # A capped draw is enqueued back exactly (the noise-scale candidate, prefixes).
+    for sch in drawn[:40]:
+        params = space.params_for(sch, cap)
+        assert params is not None
+        assert space.sample(optuna.trial.FixedTrial(params), cap).stages == sch.stages
+
+
+def test_without_a_cap_the_draws_are_unchanged() -> None:
+    """No max_steps: the same seeded draws with and without the cap argument (existing
+    studies resume with the schedules they drew)."""
+    space = space_of(SPEC)
+    assert StepCap.of(StudySpec.from_yaml(SPEC).objective, 5000) is None
+    first = draw(space, 30, seed=7)
+    study = optuna.create_study(
+        direction="maximize", sampler=optuna.samplers.TPESampler(seed=7, n_startup_trials=10)
+    )
+    for schedule, params in first:
+        trial = study.ask()
+        again = space.sample(trial, None)
+        study.tell(trial, again.mean_batch_size(5000))
+        assert again == schedule
+        assert trial.params == params
 
 
 def test_the_default_lr_range_reaches_both_scaling_rules_at_the_largest_batch() -> None:
