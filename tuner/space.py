@@ -39,6 +39,7 @@ from typing import Any, Literal, Protocol, cast
 from tuner.errors import ValidationError
 from tuner.schedule import PlacementHint, Schedule, Stage
 from tuner.spec import (
+    DEFAULT_LR_MULTIPLIER,
     AccuracyObjective,
     LrMultiplierRange,
     ResolvedSpec,
@@ -375,13 +376,14 @@ def lr_multiplier_range(
     a multiplier of 0.18 under the linear rule, trains stably). A range centred on one rule
     with fixed factors of 4 cannot reach the other one's LR at a 32x batch, so the search
     could not even find the better recipe. ``largest_ratio``: largest batch / base batch."""
-    low, high = given.min, given.max
+    low = DEFAULT_LR_MULTIPLIER[0] if given.min is None else given.min
+    high = DEFAULT_LR_MULTIPLIER[1] if given.max is None else given.max
     if largest_ratio > 1:
-        if scaling_rule == "linear" and "min" not in given.model_fields_set:
+        if scaling_rule == "linear" and given.min is None:
             low *= largest_ratio**-0.5  # the square-root rule's LR at the largest batch
-        elif scaling_rule == "sqrt" and "max" not in given.model_fields_set:
+        elif scaling_rule == "sqrt" and given.max is None:
             high *= largest_ratio**0.5  # the linear rule's
-        elif scaling_rule == "none" and "max" not in given.model_fields_set:
+        elif scaling_rule == "none" and given.max is None:
             high *= largest_ratio  # the linear rule's (the square root's is between)
     return float(f"{low:.2g}"), float(f"{high:.2g}")
 

@@ -179,13 +179,33 @@ class BatchSizeRange(_Model):
         return self
 
 
+#: The LR-multiplier bounds a ``null`` bound starts from (before it is widened).
+DEFAULT_LR_MULTIPLIER: Final = (0.25, 4.0)
+
+
 class LrMultiplierRange(_Model):
     """A log range around 1, where 1 is the LR the scaling rule gives for the stage's batch.
-    A bound left at its default is widened so that both the linear and the square-root rule's
-    LR at the largest batch are in the range (``tuner.space.lr_multiplier_range``)."""
+    A ``null`` bound (the default) is 0.25 (min) or 4 (max), widened so that both the linear
+    and the square-root rule's LR at the largest batch are in the range
+    (``tuner.space.lr_multiplier_range``); a bound the spec gives is kept. The bounds stay
+    ``null`` in the stored spec, so a study read back from the store widens them too."""
 
-    min: float = Field(default=0.25, gt=0, le=1, allow_inf_nan=False)
-    max: float = Field(default=4.0, ge=1, le=1000, allow_inf_nan=False)
+    min: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Lowest multiplier; null: 0.25, widened down to the square-root rule's LR "
+        "at the largest batch under linear scaling.",
+    )
+    max: float | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        allow_inf_nan=False,
+        description="Highest multiplier; null: 4, widened up to the linear rule's LR at the "
+        "largest batch under square-root (or no) scaling.",
+    )
 
 
 class WarmupRange(_Model):

@@ -295,6 +295,24 @@ def test_the_default_lr_range_reaches_both_scaling_rules_at_the_largest_batch() 
     assert (none.lr_mult_min, none.lr_mult_max) == (0.25, 64.0)
 
 
+def test_a_stored_spec_widens_the_default_lr_range_as_the_submitted_one() -> None:
+    """What a worker runs is the spec read back from the store (``to_dict`` -> ``from_dict``,
+    defaults written out): a bound the user left out stays ``null`` there, so the study draws
+    from the widened range, not from 0.25-4 (what every stored study drew before)."""
+    submitted = StudySpec.from_yaml("task: mnist1d\nspace: {batch_size: {max: 1024}}")
+    stored = submitted.to_dict()
+    assert stored["space"]["lr_multiplier"] == {"min": None, "max": None}
+    read_back = StudySpec.from_dict(stored)
+    for spec in (submitted, read_back):
+        space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
+        assert (space.lr_mult_min, space.lr_mult_max) == (0.044, 4.0)
+    given = StudySpec.from_yaml(
+        "task: mnist1d\nspace: {batch_size: {max: 1024}, lr_multiplier: {min: 0.25}}"
+    )
+    again = ScheduleSpace.from_spec(StudySpec.from_dict(given.to_dict()).resolve(DEFAULTS))
+    assert (again.lr_mult_min, again.lr_mult_max) == (0.25, 4.0)
+
+
 def test_an_lr_range_the_spec_sets_is_the_range_searched() -> None:
     space = space_of(
         "task: mnist1d\nspace: {batch_size: {max: 1024}, lr_multiplier: {min: 0.5, max: 2}}"
