@@ -48,6 +48,7 @@ __all__ = [
     "Metric",
     "RunResult",
     "StudyRun",
+    "add_study_arguments",
     "default_batch_max",
     "ensure_ray",
     "machine_info",
@@ -56,6 +57,7 @@ __all__ = [
     "parse_lr_multiplier",
     "retrain_many",
     "run_tuning_study",
+    "study_arguments",
     "worst_metric_value",
     "write_json",
 ]
@@ -446,6 +448,40 @@ class Metric(NamedTuple):
     def reaches(self, value: float, threshold: float) -> bool:
         """``value`` is at least as good as ``threshold``."""
         return value <= threshold if self.direction == "min" else value >= threshold
+
+
+def add_study_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options both benchmarks take for the study itself: ``--metric``,
+    ``--task-options`` and ``--lr-multiplier`` (see :func:`study_arguments`)."""
+    parser.add_argument(
+        "--metric",
+        default=None,
+        help="the study metric (a val_<name> the task declares; default: its primary one)",
+    )
+    parser.add_argument(
+        "--task-options",
+        type=json.loads,
+        default=None,
+        help="task options as JSON, e.g. '{\"num_train_sequences\": 256}'",
+    )
+    parser.add_argument(
+        "--lr-multiplier",
+        type=parse_lr_multiplier,
+        default=UNSET,
+        help="the space's LR-multiplier range, MIN,MAX or 'default' (the space's own range, "
+        "widened down to the square-root rule's LR at the largest batch); default: 0.25,4 "
+        "for mnist1d and digits (as every committed run of theirs), 'default' elsewhere",
+    )
+
+
+def study_arguments(args: argparse.Namespace) -> None:
+    """Settle :func:`add_study_arguments`' options once ``args.task`` is known: ``val_`` in
+    front of a bare metric name, ``{}`` for no task options, the task's LR range."""
+    if args.metric is not None and not args.metric.startswith("val_"):
+        args.metric = f"val_{args.metric}"
+    args.task_options = dict(args.task_options or {})
+    if args.lr_multiplier is UNSET:
+        args.lr_multiplier = LR_MULTIPLIER.get(args.task)
 
 
 # --------------------------------------------------------------------------------------------

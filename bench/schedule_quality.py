@@ -83,21 +83,20 @@ for _path in (str(_HERE.parent), str(_HERE)):
 
 from common import (  # noqa: E402
     LEGACY_LR_MULTIPLIER,
-    LR_MULTIPLIER,
     RESULTS_DIR,
-    UNSET,
     Job,
     Metric,
     RunResult,
+    add_study_arguments,
     default_batch_max,
     ensure_ray,
     machine_info,
     markdown_table,
     mean_std,
-    parse_lr_multiplier,
     publish,
     retrain_many,
     run_tuning_study,
+    study_arguments,
 )
 
 from tuner.baselines import increase_batch, large_batch, small_batch  # noqa: E402
@@ -652,17 +651,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("task", nargs="?", default=None, help="the task (default mnist1d)")
     parser.add_argument("--task", dest="task_option", default=None, help="the same as TASK")
-    parser.add_argument(
-        "--metric",
-        default=None,
-        help="the study metric (a val_<name> the task declares; default: its primary one)",
-    )
-    parser.add_argument(
-        "--task-options",
-        type=json.loads,
-        default=None,
-        help="task options as JSON, e.g. '{\"num_train_sequences\": 256}'",
-    )
+    add_study_arguments(parser)
     parser.add_argument("--epochs", type=int, default=None, help="default: the task's (30)")
     parser.add_argument("--seeds", type=int, default=3, help="retraining seeds (fresh)")
     parser.add_argument("--seed-base", type=int, default=1000, help="first retraining seed")
@@ -673,14 +662,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="largest batch of the space (default: 1024 for mnist1d, where Goyal's recipe "
         "then loses about 3-5 points to the small batch against 0.3 at 512; else 16x the "
         "task's base batch, e.g. 512 for tinylm)",
-    )
-    parser.add_argument(
-        "--lr-multiplier",
-        type=parse_lr_multiplier,
-        default=UNSET,
-        help="the space's LR-multiplier range, MIN,MAX or 'default' (the space's own range, "
-        "widened down to the square-root rule's LR at the largest batch); default: 0.25,4 "
-        "for mnist1d and digits (as every committed run of theirs), 'default' elsewhere",
     )
     parser.add_argument("--trials", type=int, default=40, help="tuning budget (trials)")
     parser.add_argument("--grace", type=int, default=3, help="ASHA grace period (epochs)")
@@ -712,8 +693,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.task and args.task_option and args.task != args.task_option:
         parser.error(f"two tasks given: {args.task} and --task {args.task_option}")
     args.task = args.task or args.task_option or "mnist1d"
-    if args.metric is not None and not args.metric.startswith("val_"):
-        args.metric = f"val_{args.metric}"
     default_task = args.task == "mnist1d"
     if args.smoke:
         if args.task == "mnist1d":
@@ -723,9 +702,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.seeds, args.trials, args.grace = 1, 3, 1
         args.batch_max = 128
         args.steps_fraction = 0.6
-    args.task_options = dict(args.task_options or {})
-    if args.lr_multiplier is UNSET:
-        args.lr_multiplier = LR_MULTIPLIER.get(args.task)
+    study_arguments(args)
     stem = _stem(args.task, default_task, args.smoke, args.tag)
     started = time.perf_counter()
 

@@ -54,7 +54,6 @@ that never does counts the whole budget, and the JSON flags it).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
@@ -71,17 +70,16 @@ for _path in (str(_HERE.parent), str(_HERE)):
         sys.path.insert(0, _path)
 
 from common import (  # noqa: E402
-    LR_MULTIPLIER,
     RESULTS_DIR,
-    UNSET,
     Metric,
+    add_study_arguments,
     default_batch_max,
     ensure_ray,
     machine_info,
     markdown_table,
     mean_std,
-    parse_lr_multiplier,
     run_tuning_study,
+    study_arguments,
     write_json,
 )
 
@@ -453,17 +451,7 @@ def report(
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="mnist1d")
-    parser.add_argument(
-        "--metric",
-        default=None,
-        help="the study metric (a val_<name> the task declares; default: its primary one)",
-    )
-    parser.add_argument(
-        "--task-options",
-        type=json.loads,
-        default=None,
-        help="task options as JSON, e.g. '{\"num_train_sequences\": 256}'",
-    )
+    add_study_arguments(parser)
     parser.add_argument(
         "--epochs",
         type=int,
@@ -489,13 +477,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="largest batch of the space (default: the schedule-quality benchmark's, 1024 "
         "for mnist1d, else 16x the task's base batch)",
     )
-    parser.add_argument(
-        "--lr-multiplier",
-        type=parse_lr_multiplier,
-        default=UNSET,
-        help="the space's LR-multiplier range, MIN,MAX or 'default' (the space's own range); "
-        "default: 0.25,4 for mnist1d and digits (as their committed runs), 'default' elsewhere",
-    )
     parser.add_argument("--steps-fraction", type=float, default=0.2, help="max_steps / small's")
     parser.add_argument("--concurrent", type=int, default=2)
     parser.add_argument(
@@ -510,8 +491,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--smoke", action="store_true", help="digits, 2 epochs, 1 seed, 3 trials")
     parser.add_argument("--tag", default="", help="output name suffix (variant runs)")
     args = parser.parse_args(argv)
-    if args.metric is not None and not args.metric.startswith("val_"):
-        args.metric = f"val_{args.metric}"
     default_task = args.task == "mnist1d"
     if args.smoke:
         if args.task == "mnist1d":
@@ -521,9 +500,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.grace, args.batch_max, args.steps_fraction = 1, 128, 0.0
     if args.pbt_population is None:
         args.pbt_population = max(2, 2 * args.random_trials // 3)
-    args.task_options = dict(args.task_options or {})
-    if args.lr_multiplier is UNSET:
-        args.lr_multiplier = LR_MULTIPLIER.get(args.task)
+    study_arguments(args)
     stem = "tuning_efficiency" if default_task else f"tuning_efficiency_{args.task}"
     if args.smoke:
         stem += "_smoke"

@@ -247,11 +247,27 @@ def test_lr_multiplier_range_is_given_or_left_to_the_space(sq: ModuleType) -> No
     needs at a large batch; a malformed range is refused naming the option."""
     import argparse
 
-    assert sq.parse_lr_multiplier("0.1,8") == (0.1, 8.0)
-    assert sq.parse_lr_multiplier("default") is None
+    import common  # bench/common.py (on the path once the bench module is loaded)
+
+    assert common.parse_lr_multiplier("0.1,8") == (0.1, 8.0)
+    assert common.parse_lr_multiplier("default") is None
     for bad in ("2,4", "0.5", "a,b", "0.5,0.9"):
         with pytest.raises(argparse.ArgumentTypeError, match="--lr-multiplier"):
-            sq.parse_lr_multiplier(bad)
+            common.parse_lr_multiplier(bad)
+    parser = argparse.ArgumentParser()
+    common.add_study_arguments(parser)
+    for task, given, expected in (
+        ("mnist1d", [], (0.25, 4.0)),
+        ("tinylm", [], None),
+        ("tinylm", ["--lr-multiplier", "0.1,2"], (0.1, 2.0)),
+        ("mnist1d", ["--lr-multiplier", "default"], None),
+    ):
+        args = parser.parse_args([*given, "--metric", "loss"])
+        args.task = task
+        common.study_arguments(args)
+        assert args.lr_multiplier == expected
+        assert args.metric == "val_loss"
+        assert args.task_options == {}
     given = sq.study_spec("digits", 4, 512, 100, 4, 0, 1, 1, lr_multiplier=(0.25, 4.0))
     left = sq.study_spec("digits", 4, 512, 100, 4, 0, 1, 1, lr_multiplier=None)
     assert "lr_multiplier" in given.space.model_fields_set
