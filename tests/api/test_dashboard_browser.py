@@ -928,7 +928,14 @@ def test_durations_read_as_the_cli_prints_them(server: Server, page: Any) -> Non
     spec = StudySpec.from_yaml("task: digits\nname: quick-trials\nbaselines: false")
     with StudyStore(server.db_url) as store:
         study = store.create_study(spec.task, spec.to_dict(), 2, name=spec.name)
-        assert store.claim_study("worker-q", 60) is not None
+        # Claim until this study is running: earlier tests may have left studies queued, and
+        # the hour-long stale bound keeps a claim off their running ones (under a slow run
+        # they would go stale after 60 s and be taken over instead).
+        for _ in range(20):
+            claimed = store.claim_study("worker-q", 3600)
+            assert claimed is not None
+            if claimed.id == study.id:
+                break
         for number, wall in ((0, 0.0432), (1, 3.24)):
             trial = store.create_trial(study.id, number, _schedule_doc(), {})
             store.add_epoch_metrics(trial.id, 0, {"val_accuracy": 0.5 + number / 10})
@@ -984,7 +991,14 @@ def test_the_search_view_draws_forks_clones_and_probes(server: Server, page: Any
     doc = _schedule_doc()
     with StudyStore(server.db_url) as store:
         study = store.create_study(spec.task, spec.to_dict(), 3, name=spec.name)
-        assert store.claim_study("worker-l", 60) is not None
+        # Claim until this study is running: earlier tests may have left studies queued, and
+        # the hour-long stale bound keeps a claim off their running ones (under a slow run
+        # they would go stale after 60 s and be taken over instead).
+        for _ in range(20):
+            claimed = store.claim_study("worker-l", 3600)
+            assert claimed is not None
+            if claimed.id == study.id:
+                break
         first_stage = doc["stages"][0]["end_epoch"]
         parent = store.create_trial(study.id, 0, doc, {})
         child = store.create_trial(study.id, 1, doc, {})
@@ -1092,7 +1106,7 @@ def test_a_loss_minimising_study_reads_lower_as_better(server: Server, page: Any
             study = store.create_study(spec.task, spec.to_dict(), 5, name=spec.name)
             # Earlier tests may have left studies queued: claim until this one is running.
             for _ in range(20):
-                claimed = store.claim_study("worker-lm", 60)
+                claimed = store.claim_study("worker-lm", 3600)
                 assert claimed is not None
                 if claimed.id == study.id:
                     break
