@@ -70,6 +70,7 @@ for _path in (str(_HERE.parent), str(_HERE)):
         sys.path.insert(0, _path)
 
 from common import (  # noqa: E402
+    LEGACY_LR_MULTIPLIER,
     RESULTS_DIR,
     Metric,
     add_study_arguments,
@@ -111,7 +112,7 @@ def study_spec(
     trial_epochs: int | None = None,
     metric: str | None = None,
     task_options: Mapping[str, Any] | None = None,
-    lr_multiplier: tuple[float, float] | None = (0.25, 4.0),
+    lr_multiplier: tuple[float, float] | None = LEGACY_LR_MULTIPLIER,
 ) -> StudySpec:
     """One method's study; ``metric`` (else the task's primary one) is its objective,
     ``lr_multiplier`` the space's range given explicitly (None: the space's default)."""
