@@ -41,6 +41,7 @@ from starlette.concurrency import run_in_threadpool
 from api import dashboard_data as dd
 from api.deps import StoreDep, authorize
 from api.errors import ApiError
+from api.query import single_valued_query
 from api.routes import API_PREFIX
 from api.routes.params import StudyId, TrialNumber
 from tuner import __version__
@@ -385,6 +386,6 @@ def importance(store: StoreDep, study_id: StudyId) -> dict[str, Any]:
     return _importance_for(store, study_id)
 
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, dependencies=[Depends(single_valued_query)])
 router.include_router(assets)
 router.include_router(pages)

@@ -1,7 +1,8 @@
 """The REST routers; :data:`api_router` is everything under ``/api/v1``.
 
 Every route but the health check goes through :func:`api.deps.authorize` (token for writes,
-and for reads with ``protect_reads``).
+and for reads with ``protect_reads``), and every route refuses a repeated single-valued query
+parameter (:func:`api.query.single_valued_query`).
 
 Which routes are coroutines: FastAPI runs a plain ``def`` route in its thread pool and, after
 it, validates the response in the pool again; under concurrent requests those threads and the
@@ -21,6 +22,7 @@ from typing import Final
 from fastapi import APIRouter, Depends
 
 from api.deps import authorize
+from api.query import single_valued_query
 from api.routes import service, studies, trials
 
 API_PREFIX: Final = "/api/v1"
@@ -30,7 +32,7 @@ _protected.include_router(studies.router)
 _protected.include_router(trials.router)
 _protected.include_router(service.router)
 
-api_router = APIRouter(prefix=API_PREFIX)
+api_router = APIRouter(prefix=API_PREFIX, dependencies=[Depends(single_valued_query)])
 api_router.include_router(_protected)
 api_router.include_router(service.health_router)
 

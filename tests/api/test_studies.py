@@ -235,6 +235,28 @@ def test_list_rejects_bad_query_parameters(
     assert field in field_errors(r.json())
 
 
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ([("limit", "5"), ("limit", "abc"), ("limit", "100")], "limit"),
+        ([("limit", "5"), ("limit", "5")], "limit"),
+        ([("owner", "ann"), ("owner", "bob")], "owner"),
+        ([("status", "queued"), ("offset", "1"), ("offset", "2")], "offset"),
+    ],
+)
+def test_a_repeated_single_valued_parameter_is_422_not_its_last_value(
+    client: TestClient, store: StudyStore, params: list[tuple[str, str]], field: str
+) -> None:
+    """Only the repeatable filters (``status``) may repeat; ``?limit=5&limit=abc&limit=100``
+    used to list 100 studies, silently dropping the rest."""
+    new_study(store, name="s")
+    r = client.get(STUDIES, params=params)
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert field_errors(body)[field].startswith(f"given {sum(k == field for k, _ in params)} times")
+    assert field in body["error"]["message"]
+
+
 # -- get -------------------------------------------------------------------------------------
 
 
