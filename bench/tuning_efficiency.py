@@ -8,7 +8,11 @@ method and seed:
   trials at its rungs by cooldown probes (``budget.cooldown_probes: true``), and prefix reuse
   (``budget.prefix_reuse: 0.5``): half the trials after the startup ones keep the first stages
   of one of the best trials so far, and fork from its stage-boundary state;
-* ``tpe_asha_probes``: the same without prefix reuse (``budget.prefix_reuse: 0``);
+* ``stagewise``: the stage-wise search (``budget.search: stagewise``, its default 6
+  candidates per round and 2 prefixes kept): synchronous rounds, one per stage, each
+  candidate trained to its stage's end and scored by a cooldown probe there; the best
+  prefixes are forked with TPE's candidates for the next stage;
+* ``tpe_asha_probes``: the default without prefix reuse (``budget.prefix_reuse: 0``);
 * ``tpe_asha``: neither, ASHA on mid-run accuracy (the search before probes and prefixes;
   ``budget.cooldown_probes: false``, no stage-boundary states);
 * ``random``: Optuna's RandomSampler without early stopping (``budget.sampler: random``,
@@ -86,12 +90,13 @@ from common import (  # noqa: E402
 
 from tuner.spec import StudySpec  # noqa: E402
 
-METHODS = ("default", "tpe_asha_probes", "tpe_asha", "random", "pbt")
+METHODS = ("default", "stagewise", "tpe_asha_probes", "tpe_asha", "random", "pbt")
 DEFAULT = "default"
 #: What the summary line calls the default search.
 DEFAULT_NAME = "tpe+probes+prefixes"
 COLORS = {
     "default": "tab:green",
+    "stagewise": "tab:cyan",
     "tpe_asha_probes": "tab:olive",
     "tpe_asha": "tab:red",
     "random": "tab:blue",
@@ -152,11 +157,11 @@ def study_spec(
                 "grace_period_epochs": grace,
                 "reduction_factor": 3,
                 "early_stopping": tpe,
-                "cooldown_probes": method in ("default", "tpe_asha_probes"),
+                "cooldown_probes": method in ("default", "stagewise", "tpe_asha_probes"),
                 "prefix_reuse": 0.5 if method == "default" else 0.0,
                 "prefix_store_mb": 0 if method == "tpe_asha" else 2048,
                 "sampler": "tpe" if tpe else "random",
-                "search": "pbt" if method == "pbt" else "optuna",
+                "search": method if method in ("pbt", "stagewise") else "optuna",
                 "startup_trials": min(5, max(1, trials // 4)),
                 # The seed runs come after the search and re-rank its finalists; they do not
                 # change when a search first found a schedule within the tolerance (they are
@@ -343,8 +348,12 @@ def _markdown(data: dict[str, Any]) -> str:
         f"probes alone: {data['ratio_vs_tpe_asha_probes']:.2f}, to PBT (population "
         f"{cfg['pbt_population']}): {data['ratio_vs_pbt']:.2f}; target <= 0.5 of random and "
         f"<= 1 of PBT: {'met' if data['target_met'] else 'NOT met'}.\n",
+        f"\nThe stage-wise search (not the default) to random: "
+        f"{data['ratio_stagewise_vs_random']:.2f}, to PBT: {data['ratio_stagewise_vs_pbt']:.2f}.\n",
         f"\nMachine: {data['machine']}\n",
     ]
+    if data.get("summary_line"):
+        out.append(f"\n```\n{data['summary_line']}\n```\n")
     return "".join(out)
 
 
@@ -392,6 +401,9 @@ def report(
     ratio_probes = default_e / probes_e if probes_e else math.inf
     pbt_e = methods["pbt"]["epochs_to_reach_mean"]
     ratio_pbt = default_e / pbt_e if pbt_e else math.inf
+    stagewise_e = methods["stagewise"]["epochs_to_reach_mean"]
+    ratio_stagewise = stagewise_e / rnd_e if rnd_e else math.inf
+    ratio_stagewise_pbt = stagewise_e / pbt_e if pbt_e else math.inf
     data: dict[str, Any] = {
         "config": {
             "task": args.task,
@@ -421,6 +433,8 @@ def report(
         "ratio_vs_tpe_asha": ratio_tpe,
         "ratio_vs_tpe_asha_probes": ratio_probes,
         "ratio_vs_pbt": ratio_pbt,
+        "ratio_stagewise_vs_random": ratio_stagewise,
+        "ratio_stagewise_vs_pbt": ratio_stagewise_pbt,
         "target_met": ratio <= 0.5 and ratio_pbt <= 1.0,
         "studies": studies,
         "machine": machine_info(),

@@ -75,14 +75,20 @@ from tuner.engine_search import (
     TrialMeta,
 )
 from tuner.errors import StagetuneError, ValidationError
-from tuner.objectives import StudyObjective, TrialOutcome, summarize, trial_status
+from tuner.objectives import (
+    StudyObjective,
+    TrialOutcome,
+    is_stage_stop,
+    summarize,
+    trial_status,
+)
 from tuner.pbt import LINEAGE_KEY, SchedulePBT, initial_schedules, pbt_interval
 from tuner.prefixes import PrefixStore
 from tuner.schedule import Schedule
 from tuner.seeds import SeedStats, finalists, fresh_seeds, reserves, seed_stats
 from tuner.space import ScheduleSpace, check_feasible, constraint_violations
 from tuner.spec import AccuracyObjective, ResolvedSpec
-from tuner.trial_config import TrialConfig
+from tuner.trial_config import STOP_AFTER_KEY, TrialConfig
 
 __all__ = [
     "SEED_RUN_KEY",
@@ -245,6 +251,20 @@ class ProtectedASHA(AsyncHyperBandScheduler):
             self._trial_info.pop(trial.trial_id, None)
             return
         super().on_trial_complete(tune_controller, trial, result)
+
+
+class StageRounds(FIFOScheduler):
+    """The scheduler of the stage-wise search: trials run first in, first out, and a tuned
+    trial whose config says ``stop_after`` (:data:`~tuner.engine_search.STOP_AFTER_KEY`) is
+    stopped once it has reported that epoch (the end of the stage its round searches, where
+    its cooldown probe scored it and its boundary state was saved)."""
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
+        stop = trial.config.get(STOP_AFTER_KEY)
+        done = result.get("training_iteration")
+        if isinstance(stop, int) and isinstance(done, int) and done >= stop:
+            return str(TrialScheduler.STOP)
+        return str(TrialScheduler.CONTINUE)
 
 
 def rung_epochs(grace_period: int, reduction_factor: float, max_t: int) -> tuple[int, ...]:
@@ -630,9 +650,14 @@ class TuningEngine:
         budget = self.resolved.spec.budget
         return (
             budget.cooldown_probes
-            and budget.early_stopping
+            and (budget.early_stopping or self.stagewise)
             and self.objective.scheduler_metric is not None
         )
+
+    @property
+    def stagewise(self) -> bool:
+        """Whether the study searches stage by stage in rounds (``budget.search: stagewise``)."""
+        return self.resolved.spec.budget.search == "stagewise"
 
     @property
     def pbt(self) -> bool:
@@ -645,8 +670,8 @@ class TuningEngine:
         if self.pbt:
             every = pbt_interval(self.space, self.resolved.spec.budget.pbt_interval_epochs)
             return tuple(range(every, self.resolved.total_epochs, every))
-        if not self.probes:
-            return ()
+        if not self.probes or self.stagewise:
+            return ()  # stage-wise: each trial's probes are its boundaries (the searcher's)
         budget = self.resolved.spec.budget
         return rung_epochs(
             budget.grace_period_epochs, budget.reduction_factor, self.resolved.total_epochs
@@ -741,6 +766,18 @@ class TuningEngine:
             },
         }
 
+    def _stagewise_summary(self, outcomes: Sequence[TrialOutcome]) -> dict[str, Any]:
+        """The stage-wise search's settings and what its rounds trained: prefixes stopped at
+        their round's stage end (probed there) and whole schedules."""
+        budget = self.resolved.spec.budget
+        tuned = [o for o in outcomes if o.baseline is None]
+        return {
+            "candidates": budget.stage_candidates,
+            "keep": budget.stage_keep,
+            "prefixes": sum(1 for o in tuned if is_stage_stop(o.stop_reason)),
+            "whole_runs": sum(1 for o in tuned if o.status == "completed"),
+        }
+
     def noise_candidate_note(self) -> str | None:
         """Why this study gets no noise-scale candidate (``None``: it does, once the
         small-batch baseline has run)."""
@@ -790,9 +827,16 @@ class TuningEngine:
             budget=self.budget,
             live_key=self.live_key,
             prior=self.prior_trials,
-            prefix_reuse=spec.budget.prefix_reuse if spec.budget.prefix_store_mb > 0 else 0.0,
+            prefix_reuse=(
+                spec.budget.prefix_reuse
+                if spec.budget.prefix_store_mb > 0 and not self.stagewise
+                else 0.0
+            ),
             noise_candidate=self.noise_candidate_note() is None,
             epoch_budget=spec.budget.trial_epochs,
+            stagewise=(
+                (spec.budget.stage_candidates, spec.budget.stage_keep) if self.stagewise else None
+            ),
         )
 
     @property
@@ -808,6 +852,8 @@ class TuningEngine:
                 interval=pbt_interval(self.space, budget.pbt_interval_epochs),
                 seed=self.resolved.spec.seed,
             )
+        if self.stagewise:
+            return StageRounds()  # type: ignore[no-untyped-call]
         metric = self.objective.scheduler_metric
         if metric is None or not budget.early_stopping:
             return FIFOScheduler()  # type: ignore[no-untyped-call]
@@ -1145,6 +1191,7 @@ class TuningEngine:
                 else None,
                 "search": self.resolved.spec.budget.search,
                 "pbt": self._pbt_summary(outcomes) if self.pbt else None,
+                "stagewise": self._stagewise_summary(outcomes) if self.stagewise else None,
                 "prefixes": self._prefix_summary(outcomes),
                 "noise_candidate": self._noise_summary(outcomes),
                 # Trial-epochs this run trained, cooldown probes and seed runs included

@@ -30,6 +30,17 @@ is trained. :class:`ScheduleSearcher` drives Optuna's ask/tell interface itself:
   everything it has seen. The trainable forks such a trial from the parent's stage-boundary
   state instead of training the prefix again (:mod:`tuner.prefixes`); the Optuna trial
   carries ``stagetune_parent`` and ``stagetune_prefix_stages`` user attributes;
+* **stage-wise search** (``stagewise=(candidates, keep)``, single objective): tuned trials
+  come in synchronous rounds, one per stage. Round 0 draws ``candidates`` whole schedules;
+  each trains to the end of its first stage, where a cooldown probe scores it, and the
+  scheduler stops it there (config ``stop_after``). Once every trial of a round has finished,
+  the ``keep`` best by that probe are the parents of the next round: its candidates keep a
+  parent's stages up to the boundary (enqueued as fixed Optuna parameters, as prefix reuse
+  does, so they fork from the parent's boundary state) and the sampler draws the next stage
+  and the rest; a candidate whose round stage is its last trains to the end. A round with
+  no candidate that stopped at a boundary starts the next generation at round 0. Trials
+  stopped at a boundary are told ``PRUNED`` (with their probe as intermediate value), so
+  the sampler conditions on every round;
 * every tuned trial's stagetune number and schedule are Optuna user attributes. After an
   interrupted run is restored, Optuna trials that are still ``RUNNING`` but unknown to Tune's
   restored state (suggested after its last checkpoint) are suggested again first, with the
@@ -63,10 +74,12 @@ from tuner.optuna_storage import (
     PARENT_ATTR,
     PREFIX_STAGES_ATTR,
     SCHEDULE_ATTR,
+    STAGE_ROUND_ATTR,
     open_storage,
 )
 from tuner.schedule import Schedule
 from tuner.space import ScheduleSpace, StepCap, constraint_violations
+from tuner.trial_config import STOP_AFTER_KEY
 
 if TYPE_CHECKING:
     from optuna.samplers import BaseSampler
@@ -197,8 +210,19 @@ class ScheduleSearcher(Searcher):
         prefix_reuse: float = 0.0,
         noise_candidate: bool = False,
         epoch_budget: int | None = None,
+        stagewise: tuple[int, int] | None = None,
     ) -> None:
         super().__init__(metric=None, mode=None)
+        # The stage-wise search: (candidates per round, prefixes kept), and its rounds.
+        if stagewise is not None and not 1 <= stagewise[1] <= stagewise[0]:
+            raise ValueError(f"stagewise needs 1 <= keep <= candidates, not {stagewise}")
+        self._stagewise = None if objective.is_multi else stagewise
+        self._round = 0  # the stage the current round searches
+        self._generation = 0  # rounds restart at 0 when no prefix goes on
+        self._round_ids: list[str] = []  # Tune trial ids of the current round
+        self._round_parents: list[dict[str, Any]] = []  # {number, params} of the kept prefixes
+        self._rounds: dict[int, int] = {}  # trial number -> its round
+        self._stop: dict[str, int | None] = {}  # trial id -> stop_after (None: to the end)
         # budget.trial_epochs: no trial starts once the trials have trained this much.
         self._epoch_budget = epoch_budget
         self._compute: dict[str, float] = {}  # trial id -> compute_epochs reported so far
@@ -299,13 +323,21 @@ class ScheduleSearcher(Searcher):
             raise StagetuneError(f"trial {trial_id} (number {meta.number}) was suggested twice")
         if self._plan is None:
             self._plan = self._make_plan()
-        if self._plan:
-            number = self._plan.pop(0)
-        else:
-            number = self._plan_tail
-            self._plan_tail += 1
+        number = self._plan[0] if self._plan else self._plan_tail
         if self._budget is not None and number >= self._budget:
             return str(Searcher.FINISHED)
+        if (
+            self._stagewise is not None
+            and number >= len(self._baselines)
+            and number not in self._refill
+            and not (self._epoch_budget is not None and self.epochs_spent() >= self._epoch_budget)
+            and not self._round_open()
+        ):
+            return None  # the round's trials are still training: wait for its ranking
+        if self._plan:
+            self._plan.pop(0)
+        else:
+            self._plan_tail += 1
         if number in self._refill:
             # A trial started before the restart but not finished: the same trial again
             # (it started within the trial-epoch budget).
@@ -378,17 +410,25 @@ class ScheduleSearcher(Searcher):
         config: dict[str, Any] = {"schedule": schedule, META_KEY: meta.to_dict()}
         if meta.baseline is not None:
             config["probe_at"] = []  # baselines run to the end whatever ASHA sees: no probes
+        elif self._stagewise is not None:
+            config.update(self._stage_config(trial_id, meta, schedule))
         return config
 
     def _draw(self, number: int) -> tuple[Schedule, optuna.Trial]:
         study = self.study
         for attempt in range(MAX_DRAWS):
-            if attempt == 0 and self._candidate is not None:
+            parent = self._round_parent() if self._stagewise is not None else None
+            if parent is not None:
+                self._enqueue_stage_prefix(parent)
+            elif attempt == 0 and self._candidate is not None:
                 self.study.enqueue_trial(self._candidate, user_attrs={CANDIDATE_ATTR: NOISE_SCALE})
                 self._candidate = None
-            elif attempt < 3:
+            elif attempt < 3 and self._stagewise is None:
                 self._enqueue_prefix(number, attempt)
             trial = study.ask()
+            if self._stagewise is not None:
+                trial.set_user_attr(STAGE_ROUND_ATTR, self._round)
+                self._rounds[number] = self._round
             schedule = self._space.sample(trial, self._cap)
             violations = constraint_violations(schedule, self._objective.spec, self._train_size)
             for name, amount in violations.items():
@@ -449,6 +489,103 @@ class ScheduleSearcher(Searcher):
             fixed,
             user_attrs={PARENT_ATTR: parent.number, PREFIX_STAGES_ATTR: stages},
         )
+
+    # ------------------------------------------------------------------ stage-wise rounds
+
+    def _round_open(self) -> bool:
+        """Whether the current round takes another candidate; when it is full and every one
+        of its trials has finished, the next round is planned first (so it is open)."""
+        assert self._stagewise is not None
+        candidates, _ = self._stagewise
+        if len(self._round_ids) < candidates:
+            return True
+        if any(tid not in self._finished for tid in self._round_ids):
+            return False
+        self._next_round()
+        return True
+
+    def _next_round(self) -> None:
+        """Rank the finished round's trials that stopped at their stage's end by the probe
+        there; the best ``keep`` are the next round's parents (none: a new generation)."""
+        assert self._stagewise is not None
+        _, keep = self._stagewise
+        ranked = []
+        for tid in self._round_ids:
+            stop = self._stop.get(tid)
+            reached, score, at = self._progress.get(tid, (0, None, 0))
+            meta = self._trials.get(tid)
+            if stop is None or meta is None or score is None or at < stop or reached < stop:
+                continue  # ran to the end (a whole schedule), failed or diverged early
+            ranked.append((score, -meta.number, meta))
+        ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
+        parents = [meta for _, _, meta in ranked[:keep]]
+        self._round_ids = []
+        if parents:
+            self._round += 1
+            self._round_parents = [{"number": m.number, "params": m.params} for m in parents]
+        else:
+            self._round = 0
+            self._generation += 1
+            self._round_parents = []
+        log.info(
+            "stage-wise search: round %d (generation %d)%s",
+            self._round,
+            self._generation,
+            f", forking trials {[p['number'] for p in self._round_parents]}"
+            if self._round_parents
+            else "",
+        )
+
+    def _round_parent(self) -> dict[str, Any] | None:
+        """The kept prefix the next candidate of this round forks from (round-robin)."""
+        if self._round == 0 or not self._round_parents:
+            return None
+        return self._round_parents[len(self._round_ids) % len(self._round_parents)]
+
+    def _enqueue_stage_prefix(self, parent: Mapping[str, Any]) -> None:
+        """Fix the parent's stage count and its stages before this round's stage."""
+        stages = self._round
+        params: Mapping[str, Any] = parent["params"]
+        fixed = {
+            name: value
+            for name, value in params.items()
+            if name in ("n_stages", "label_smoothing")
+            or (name.rsplit("_", 1)[-1].isdigit() and int(name.rsplit("_", 1)[-1]) < stages)
+        }
+        self.study.enqueue_trial(
+            fixed, user_attrs={PARENT_ATTR: int(parent["number"]), PREFIX_STAGES_ATTR: stages}
+        )
+
+    def _stage_config(
+        self, trial_id: str, meta: TrialMeta, schedule_dict: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """A stage-wise trial's probes (every boundary up to its round's stage, so its
+        prefix key matches its parent's) and where it stops (that stage's end, unless the
+        stage is its last); the trial joins its round."""
+        r = self._rounds.get(meta.number)
+        if r is None and meta.optuna_trial is not None:  # issued before a restart
+            stored = self.study.trials[meta.optuna_trial].user_attrs.get(STAGE_ROUND_ATTR)
+            r = stored if isinstance(stored, int) else None
+        schedule = Schedule.from_dict(dict(schedule_dict))
+        ends = [st.end_epoch for st in schedule.stages]
+        if r is None or r >= len(ends) - 1:
+            stop = None
+            probes = ends[:-1]
+        else:
+            stop = ends[r]
+            probes = ends[: r + 1]
+        self._stop[trial_id] = stop
+        if r == self._round and trial_id not in self._round_ids:
+            self._round_ids.append(trial_id)
+        config: dict[str, Any] = {"probe_at": probes}
+        if stop is not None:
+            config[STOP_AFTER_KEY] = stop
+        return config
+
+    @property
+    def stage_round(self) -> tuple[int, int] | None:
+        """(generation, round) of the stage-wise search (``None``: another search)."""
+        return None if self._stagewise is None else (self._generation, self._round)
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         self._record_noise(trial_id, result)
@@ -619,6 +756,14 @@ class ScheduleSearcher(Searcher):
                 "curve": dict(self._noise),
                 "params": self._candidate,
             },
+            "stagewise": {
+                "round": self._round,
+                "generation": self._generation,
+                "round_ids": list(self._round_ids),
+                "parents": list(self._round_parents),
+                "rounds": dict(self._rounds),
+                "stop": dict(self._stop),
+            },
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -637,6 +782,13 @@ class ScheduleSearcher(Searcher):
         self._noise_candidate = bool(noise.get("wanted", self._noise_candidate))
         self._noise = {int(k): float(v) for k, v in (noise.get("curve") or {}).items()}
         self._candidate = noise.get("params")
+        rounds = state.get("stagewise") or {}
+        self._round = int(rounds.get("round", 0))
+        self._generation = int(rounds.get("generation", 0))
+        self._round_ids = list(rounds.get("round_ids", []))
+        self._round_parents = list(rounds.get("parents", []))
+        self._rounds = {int(k): int(v) for k, v in (rounds.get("rounds") or {}).items()}
+        self._stop = dict(rounds.get("stop") or {})
         self._plan = None  # plan the remaining numbers again before the next suggestion
         self._study = None
 

@@ -41,6 +41,7 @@ from tuner.spec import (
     TimeToAccuracyObjective,
 )
 from tuner.tasks import MetricDirection
+from tuner.trial_config import STOP_AFTER_KEY
 
 __all__ = [
     "ObjectiveSpec",
@@ -289,6 +290,15 @@ class StudyObjective:
         )
 
 
+#: How the stop reason of a stage-wise search's prefix trial begins.
+STAGE_STOP: Final = "stage-wise search: trained to the end of the stage its round searched"
+
+
+def is_stage_stop(reason: str | None) -> bool:
+    """Whether a trial's stop reason says the stage-wise search stopped it at a boundary."""
+    return bool(reason) and str(reason).startswith(STAGE_STOP)
+
+
 def trial_status(
     objective: StudyObjective, result: Mapping[str, Any] | None, *, error: bool
 ) -> tuple[TrialStatusName, str]:
@@ -303,6 +313,14 @@ def trial_status(
         return "completed", f"reached the target {objective.metric} after {done} epoch(s)"
     if done >= objective.total_epochs:
         return "completed", f"trained all {objective.total_epochs} epochs"
+    config = result.get("config")
+    stop = config.get(STOP_AFTER_KEY) if isinstance(config, Mapping) else None
+    stop = result.get(f"config/{STOP_AFTER_KEY}", stop)  # a flattened result
+    if isinstance(stop, int) and done >= stop:
+        return "stopped", (
+            f"{STAGE_STOP} (epoch {done} of {objective.total_epochs}), scored by a cooldown "
+            "probe there"
+        )
     return "stopped", f"stopped early after {done} of {objective.total_epochs} epochs"
 
 
@@ -639,6 +657,14 @@ def search_text(summary: Mapping[str, Any]) -> str:
         )
     elif isinstance(noise, Mapping) and noise.get("note"):
         parts.append(f"no noise-scale candidate: {noise['note']}")
+    stagewise = summary.get("stagewise")
+    if isinstance(stagewise, Mapping):
+        probed, whole = int(stagewise.get("prefixes") or 0), int(stagewise.get("whole_runs") or 0)
+        parts.append(
+            f"stage-wise rounds of {stagewise.get('candidates')} candidates keeping the best "
+            f"{stagewise.get('keep')}: {probed} prefix{'es' if probed != 1 else ''} trained "
+            f"to a stage's end and probed, {whole} whole schedule{'s' if whole != 1 else ''}"
+        )
     pbt = summary.get("pbt")
     if isinstance(pbt, Mapping):
         lineages = pbt.get("lineages") or {}

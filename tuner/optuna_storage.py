@@ -27,6 +27,7 @@ __all__ = [
     "PARENT_ATTR",
     "PREFIX_STAGES_ATTR",
     "SCHEDULE_ATTR",
+    "STAGE_ROUND_ATTR",
     "open_existing",
     "open_storage",
     "study_names",
@@ -45,6 +46,8 @@ INFEASIBLE_ATTR: Final = "stagetune_infeasible"
 #: Trial user attributes of prefix reuse: the parent trial number and the stages kept.
 PARENT_ATTR: Final = "stagetune_parent"
 PREFIX_STAGES_ATTR: Final = "stagetune_prefix_stages"
+#: Trial user attribute of the stage-wise search: the round (stage index) the trial searched.
+STAGE_ROUND_ATTR: Final = "stagetune_stage_round"
 #: Study user attribute: the objective values' names.
 OBJECTIVE_ATTR: Final = "stagetune_objective"
 

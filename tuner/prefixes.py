@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from tuner.schedule import Schedule
+from tuner.trial_config import STOP_AFTER_KEY
 
 __all__ = [
     "PREFIX_CONFIG_EXCLUDED",
@@ -42,9 +43,10 @@ __all__ = [
 ]
 
 #: Trial-config keys that do not change what a prefix trains (bookkeeping, the store itself,
-#: and probes, whose epochs inside the prefix are added to the key separately).
+#: where the stage-wise search stops a trial, and probes, whose epochs inside the prefix are
+#: added to the key separately).
 PREFIX_CONFIG_EXCLUDED: Final = frozenset(
-    {"schedule", "stagetune", "probe_at", "prefix_store", "prefix_store_bytes"}
+    {"schedule", "stagetune", "probe_at", "prefix_store", "prefix_store_bytes", STOP_AFTER_KEY}
 )
 
 _SUFFIX: Final = ".state"

@@ -476,12 +476,31 @@ class Budget(_Model):
         description="Disk for the trial states saved at stage boundaries (forks start from "
         "them; least recently used go first); 0: save none, every trial trains its whole run.",
     )
-    search: Literal["optuna", "pbt"] = Field(
+    search: Literal["optuna", "stagewise", "pbt"] = Field(
         default="optuna",
         description="optuna: schedules drawn by the Optuna sampler (budget.sampler) with ASHA, "
-        "cooldown probes and prefix reuse; pbt: Ray Tune's Population Based Training over the "
-        "batch size and LR multiplier, a stage boundary at each perturbation (the trials "
-        "after the baselines are the population; single-objective studies).",
+        "cooldown probes and prefix reuse; stagewise: the schedule is searched stage by stage "
+        "in synchronous rounds (budget.stage_candidates candidates per round, each trained to "
+        "its stage's end and scored by a cooldown probe there; the budget.stage_keep best "
+        "prefixes are forked with candidates for the next stage, drawn by the sampler); pbt: "
+        "Ray Tune's Population Based Training over the batch size and LR multiplier, a stage "
+        "boundary at each perturbation (the trials after the baselines are the population). "
+        "stagewise and pbt: single-objective studies.",
+    )
+    stage_candidates: int = Field(
+        strict=True,
+        default=6,
+        ge=2,
+        le=256,
+        description="stagewise: candidates trained per round (one round per stage).",
+    )
+    stage_keep: int = Field(
+        strict=True,
+        default=2,
+        ge=1,
+        le=64,
+        description="stagewise: the best prefixes of a round (by their cooldown probe at "
+        "the stage's end) that the next round's candidates fork from.",
     )
     pbt_interval_epochs: int | None = Field(
         strict=True,
@@ -712,6 +731,8 @@ class StudySpec(_Model):
                     "budget.search: pbt needs a population of at least 2 trials after the "
                     f"{n_baselines} baselines; raise budget.trials"
                 )
+        if self.budget.search == "stagewise":
+            problems.extend(_stagewise_problems(self))
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -870,6 +891,38 @@ def _batch_problems(spec: StudySpec) -> list[str]:
                 f"largest batch size of the space ({_pow2_floor(hi)}): no schedule can meet "
                 "it; raise space.batch_size.max or lower the constraint"
             )
+    return out
+
+
+def _stagewise_problems(spec: StudySpec) -> list[str]:
+    """What ``budget.search: stagewise`` needs: one objective (rounds rank by one metric),
+    cooldown probes (the score of a prefix), boundary states (the forks) and stages."""
+    budget = spec.budget
+    out = []
+    if isinstance(spec.objective, ParetoObjective):
+        out.append(
+            "budget.search: stagewise ranks each round's prefixes by one metric: use "
+            "objective.kind: accuracy or time_to_accuracy, or budget.search: optuna"
+        )
+    if not budget.cooldown_probes:
+        out.append(
+            "budget.search: stagewise scores each prefix by a cooldown probe at its stage's "
+            "end: set budget.cooldown_probes: true"
+        )
+    if budget.prefix_store_mb <= 0:
+        out.append(
+            "budget.search: stagewise forks each round's candidates from the kept prefixes' "
+            "boundary states: set budget.prefix_store_mb above 0"
+        )
+    if spec.space.stages.max < 2:
+        out.append(
+            "budget.search: stagewise searches stage by stage: allow space.stages.max of 2 or more"
+        )
+    if budget.stage_keep > budget.stage_candidates:
+        out.append(
+            f"budget.stage_keep ({budget.stage_keep}) must not exceed budget.stage_candidates "
+            f"({budget.stage_candidates})"
+        )
     return out
 
 

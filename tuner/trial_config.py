@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Final, Literal, Self
 
 import pydantic
 import pydantic_core
@@ -25,7 +25,12 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from tuner.errors import ValidationError, field_problems
 from tuner.schedule import Schedule
 
-__all__ = ["TrialConfig", "TrialResources"]
+__all__ = ["STOP_AFTER_KEY", "TrialConfig", "TrialResources"]
+
+#: The key of the stage-wise search: the epoch after which the scheduler stops the trial (the
+#: end of the stage its round searches; absent when that stage is the schedule's last). The
+#: trial loop does not read it; the scheduler, the prefix key and the stop reason do.
+STOP_AFTER_KEY: Final = "stop_after"
 
 #: Keys the ``resources`` mapping may carry instead of the flat keys.
 RESOURCE_KEYS = ("workers", "cpus_per_worker", "gpus_per_worker")

@@ -141,8 +141,10 @@ def test_tuning_efficiency_smoke(
 
     saved = json.loads((tmp_path / "tuning_efficiency_smoke.json").read_text())
     assert saved["summary_line"] == line
+    markdown = (tmp_path / "tuning_efficiency_smoke.md").read_text().rstrip()
+    assert markdown.endswith(f"```\n{line}\n```")  # the results page ends with its summary
     assert {"config", "best_known", "threshold", "methods", "ratio", "studies"} <= set(saved)
-    methods = ["default", "tpe_asha_probes", "tpe_asha", "random", "pbt"]
+    methods = ["default", "stagewise", "tpe_asha_probes", "tpe_asha", "random", "pbt"]
     assert list(saved["methods"]) == methods
     assert [s["method"] for s in saved["studies"]] == methods
     for study in saved["studies"]:
