@@ -255,7 +255,7 @@ class ProtectedASHA(AsyncHyperBandScheduler):
 
 class StageRounds(FIFOScheduler):
     """The scheduler of the stage-wise search: trials run first in, first out, and a tuned
-    trial whose config says ``stop_after`` (:data:`~tuner.engine_search.STOP_AFTER_KEY`) is
+    trial whose config says ``stop_after`` (:data:`~tuner.trial_config.STOP_AFTER_KEY`) is
     stopped once it has reported that epoch (the end of the stage its round searches, where
     its cooldown probe scored it and its boundary state was saved)."""
 
