@@ -153,9 +153,13 @@ def test_tuning_efficiency_smoke(
         assert spent[-1] == study["trial_epochs_total"]
     # The cooldown probes (after epoch 1 of 2, ASHA's rung) are counted as compute; the
     # searches without probes spend exactly the epochs they train.
-    _, probed, plain, random_study, pbt = saved["studies"]
+    _, stagewise, probed, plain, random_study, pbt = saved["studies"]
     assert any(t["compute_epochs"] > t["epochs_done"] for t in probed["trials"])
     assert plain["trial_epochs_total"] == sum(t["epochs_done"] for t in plain["trials"])
+    # The stage-wise search's trials either trained a whole schedule or stopped at the end
+    # of their round's stage.
+    for t in stagewise["trials"]:
+        assert t["epochs_done"] == 2 or t["stop_reason"].startswith("stage-wise search"), t
     # Random search without early stopping trains every trial for all its epochs.
     assert random_study["trial_epochs_total"] == 3 * saved["config"]["epochs"]
     # PBT's population of 2 trains every epoch and probes at its perturbation epoch.
