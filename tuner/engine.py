@@ -1148,7 +1148,9 @@ class TuningEngine:
                     resumed = False
                     grid = _fit(self._new_tuner())
         finally:
-            LIVE_RUNS.pop(self.live_key, None)
+            gone = LIVE_RUNS.pop(self.live_key, None)
+            if gone is not None:
+                gone.close()
         outcomes = [o for _, o, _ in _outcomes(grid.experiment_path, self)]
         # Trials the database holds as finished are the study's record of them (a worker
         # without the experiment directory did not run them at all).

@@ -164,6 +164,17 @@ class LiveRun:
     callbacks: list[Any] = field(default_factory=list)
     should_stop: Callable[[], bool] | None = None
     prior: tuple[PriorTrial, ...] = ()
+    #: Optuna RDB storages the searcher opened: the engine disposes of their connection
+    #: pools when the experiment ends (else they stay open until garbage collection).
+    storages: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Dispose of the storages' connection pools."""
+        for storage in self.storages:
+            engine = getattr(storage, "engine", None)
+            if engine is not None:
+                engine.dispose()
+        self.storages.clear()
 
 
 #: Experiment path -> the live parts of the run in this process (see :class:`LiveRun`).
@@ -275,6 +286,9 @@ class ScheduleSearcher(Searcher):
                 storage = self._memory_storage
             else:
                 storage = open_storage(self._storage_url, self._engine_kwargs)
+                live = LIVE_RUNS.get(self._live_key or "")
+                if live is not None:
+                    live.storages.append(storage)
             sampler = make_sampler(
                 self._sampler_name,
                 seed=self._seed,
