@@ -199,6 +199,17 @@ def make_sampler(
     )
 
 
+def _prefix_params(params: Mapping[str, Any], stages: int) -> dict[str, Any]:
+    """The Optuna parameters that fix a schedule's first ``stages`` stages: its stage count,
+    its label smoothing and every per-stage parameter (``<name>_<i>``) of those stages."""
+    return {
+        name: value
+        for name, value in params.items()
+        if name in ("n_stages", "label_smoothing")
+        or (name.rsplit("_", 1)[-1].isdigit() and int(name.rsplit("_", 1)[-1]) < stages)
+    }
+
+
 class ScheduleSearcher(Searcher):
     """Baselines, then schedules drawn by Optuna from :class:`ScheduleSpace`."""
 
@@ -493,14 +504,8 @@ class ScheduleSearcher(Searcher):
         if not ends:
             return
         stages = rng.choice(ends)
-        fixed = {
-            name: value
-            for name, value in parent.params.items()
-            if name in ("n_stages", "label_smoothing")
-            or (name.rsplit("_", 1)[-1].isdigit() and int(name.rsplit("_", 1)[-1]) < stages)
-        }
         self.study.enqueue_trial(
-            fixed,
+            _prefix_params(parent.params, stages),
             user_attrs={PARENT_ATTR: parent.number, PREFIX_STAGES_ATTR: stages},
         )
 
@@ -558,16 +563,9 @@ class ScheduleSearcher(Searcher):
 
     def _enqueue_stage_prefix(self, parent: Mapping[str, Any]) -> None:
         """Fix the parent's stage count and its stages before this round's stage."""
-        stages = self._round
-        params: Mapping[str, Any] = parent["params"]
-        fixed = {
-            name: value
-            for name, value in params.items()
-            if name in ("n_stages", "label_smoothing")
-            or (name.rsplit("_", 1)[-1].isdigit() and int(name.rsplit("_", 1)[-1]) < stages)
-        }
         self.study.enqueue_trial(
-            fixed, user_attrs={PARENT_ATTR: int(parent["number"]), PREFIX_STAGES_ATTR: stages}
+            _prefix_params(parent["params"], self._round),
+            user_attrs={PARENT_ATTR: int(parent["number"]), PREFIX_STAGES_ATTR: self._round},
         )
 
     def _stage_config(

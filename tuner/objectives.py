@@ -315,7 +315,6 @@ def trial_status(
         return "completed", f"trained all {objective.total_epochs} epochs"
     config = result.get("config")
     stop = config.get(STOP_AFTER_KEY) if isinstance(config, Mapping) else None
-    stop = result.get(f"config/{STOP_AFTER_KEY}", stop)  # a flattened result
     if isinstance(stop, int) and done >= stop:
         return "stopped", (
             f"{STAGE_STOP} (epoch {done} of {objective.total_epochs}), scored by a cooldown "
