@@ -78,6 +78,8 @@ BASELINE_LABELS: Final[Mapping[str, str]] = {
     "large_batch": "large batch (Goyal)",
     "increase_batch": "increase batch (Smith)",
     "noise_scale": "noise scale (McCandlish)",
+    "fitted_constant": "budget-fitted constant batch",
+    "fitted_increase": "budget-fitted increase batch",
 }
 
 #: An incremental poll (``since``) re-sends trials finished this long before ``since``

@@ -573,6 +573,8 @@ def run_tuning_study(spec: StudySpec, workdir: Path) -> StudyRun:
             "samples": o.samples,
             "feasible": o.feasible,
             "summary": o.summary,
+            "schedule": o.schedule,
+            "candidate": o.extra.get("candidate"),
             "finished_s": finished.get(o.number),
         }
         for o in result.outcomes

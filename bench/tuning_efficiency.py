@@ -4,10 +4,12 @@ Runs the same study (task, epochs, search space, objective) several times throug
 service's code path (``workers.runner.run_study``: engine, Ray Tune, Optuna, store), once per
 method and seed:
 
-* ``default``: stagetune's default search: Optuna TPE with ASHA early stopping that ranks
-  trials at its rungs by cooldown probes (``budget.cooldown_probes: true``), and prefix reuse
-  (``budget.prefix_reuse: 0.5``): half the trials after the startup ones keep the first stages
-  of one of the best trials so far, and fork from its stage-boundary state;
+* ``default``: stagetune's default search: the recipe candidates first (a constant batch and
+  Smith's increasing batch fitted to the step cap, ``budget.recipe_candidates: true``), then
+  Optuna TPE with ASHA early stopping that ranks trials at its rungs by cooldown probes
+  (``budget.cooldown_probes: true``), and prefix reuse (``budget.prefix_reuse: 0.5``): half
+  the trials after the startup ones keep the first stages of one of the best trials so far,
+  and fork from its stage-boundary state. The other methods run without the recipes;
 * ``stagewise``: the stage-wise search (``budget.search: stagewise``, its default 6
   candidates per round and 2 prefixes kept): synchronous rounds, one per stage, each
   candidate trained to its stage's end and scored by a cooldown probe there; the best
@@ -53,11 +55,20 @@ that never does counts the whole budget, and the JSON flags it).
     .venv/bin/python bench/tuning_efficiency.py            # mnist1d, 3 seeds per method
     .venv/bin/python bench/tuning_efficiency.py --task tinylm   # val loss, 10-epoch trials
     .venv/bin/python bench/tuning_efficiency.py --smoke --results-dir /tmp/e
+    # only the default again, the other methods' studies from an earlier run (same config):
+    .venv/bin/python bench/tuning_efficiency.py --methods default \
+        --reuse bench/results/tuning_efficiency.json
+
+Besides the threshold of the target, the results give each method's trial-epochs to reach
+a few more levels (``LEVELS``: the best known less 5, 2.5 and 1.5 tolerances, 1, 0.5 and
+0.3 point of accuracy), so a
+new best schedule that moves the threshold does not hide how fast each search gets close.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import tempfile
@@ -93,7 +104,7 @@ from tuner.spec import StudySpec  # noqa: E402
 METHODS = ("default", "stagewise", "tpe_asha_probes", "tpe_asha", "random", "pbt")
 DEFAULT = "default"
 #: What the summary line calls the default search.
-DEFAULT_NAME = "tpe+probes+prefixes"
+DEFAULT_NAME = "tpe+probes+prefixes+recipes"
 COLORS = {
     "default": "tab:green",
     "stagewise": "tab:cyan",
@@ -159,6 +170,10 @@ def study_spec(
                 "early_stopping": tpe,
                 "cooldown_probes": method in ("default", "stagewise", "tpe_asha_probes"),
                 "prefix_reuse": 0.5 if method == "default" else 0.0,
+                # The recipes fitted to the budget start the default search only: the other
+                # methods are the searches as they were before it (and as committed runs
+                # measured them, see --reuse).
+                "recipe_candidates": method == "default",
                 "prefix_store_mb": 0 if method == "tpe_asha" else 2048,
                 "sampler": "tpe" if tpe else "random",
                 "search": method if method in ("pbt", "stagewise") else "optuna",
@@ -172,6 +187,62 @@ def study_spec(
             "baselines": False,
         }
     )
+
+
+#: Further levels reported, in tolerances below the best known (the target's is 1).
+LEVELS = (5.0, 2.5, 1.5)
+
+#: The configuration fields an earlier run must share for its studies to be reused.
+REUSE_KEYS = (
+    "task",
+    "task_options",
+    "epochs",
+    "random_trials",
+    "tpe_trials",
+    "pbt_population",
+    "grace",
+    "concurrent",
+    "max_steps",
+    "budget_trial_epochs",
+)
+
+
+def reused_studies(
+    args: argparse.Namespace, max_steps: int | None, budget: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The studies of ``args.reuse`` for the methods not run now (seeds below ``--seeds``),
+    and what was reused; exits with a message if its configuration differs."""
+    old = json.loads(args.reuse.read_text("utf-8"))
+    cfg = old["config"]
+    mine = {
+        "task": args.task,
+        "task_options": args.task_options,
+        "epochs": args.epochs,
+        "random_trials": args.random_trials,
+        "tpe_trials": args.tpe_trials,
+        "pbt_population": args.pbt_population,
+        "grace": args.grace,
+        "concurrent": args.concurrent,
+        "max_steps": max_steps,
+        "budget_trial_epochs": budget,
+    }
+    differ = [k for k in REUSE_KEYS if cfg.get(k) != mine[k]]
+    if differ:
+        raise SystemExit(
+            f"--reuse {args.reuse}: its configuration differs in {', '.join(differ)} "
+            f"({', '.join(f'{k}={cfg.get(k)!r} here {mine[k]!r}' for k in differ)})"
+        )
+    methods = [m for m in METHODS if m not in args.methods]
+    studies = [s for s in old["studies"] if s["method"] in methods and int(s["seed"]) < args.seeds]
+    for s in studies:
+        s.pop("epochs_to_reach", None)  # recomputed against this run's best known
+    info = {
+        "file": args.reuse.name,
+        "methods": methods,
+        "machine": old.get("machine"),
+        "best_known": old.get("best_known"),
+    }
+    return studies, info
 
 
 def curve(trials: Sequence[Mapping[str, Any]], epochs: int, metric: Metric) -> list[dict[str, Any]]:
@@ -348,13 +419,49 @@ def _markdown(data: dict[str, Any]) -> str:
         f"probes alone: {data['ratio_vs_tpe_asha_probes']:.2f}, to PBT (population "
         f"{cfg['pbt_population']}): {data['ratio_vs_pbt']:.2f}; target <= 0.5 of random and "
         f"<= 1 of PBT: {'met' if data['target_met'] else 'NOT met'}.\n",
+        _levels_markdown(data, metric),
         f"\nThe stage-wise search (not the default) to random: "
         f"{data['ratio_stagewise_vs_random']:.2f}, to PBT: {data['ratio_stagewise_vs_pbt']:.2f}.\n",
         f"\nMachine: {data['machine']}\n",
     ]
+    reused = data.get("reused")
+    if reused:
+        out.insert(
+            -1,
+            f"\nThe studies of {', '.join(reused['methods'])} are those of an earlier run with "
+            f"the same configuration and code for those methods (`{reused['file']}`, its best "
+            f"known {metric.show(reused['best_known'])}); the threshold here is recomputed "
+            "over all studies shown.\n",
+        )
     if data.get("summary_line"):
         out.append(f"\n```\n{data['summary_line']}\n```\n")
     return "".join(out)
+
+
+def _levels_markdown(data: dict[str, Any], metric: Metric) -> str:
+    """Trial-epochs to reach each level, per method (mean over its studies, a study that
+    never does counting the budget; how many did)."""
+    levels = data.get("levels") or []
+    if not levels:
+        return ""
+    budget = data["config"]["budget_trial_epochs"]
+    header = ["method"] + [f"to {metric.show(lv['value'])}" for lv in levels]
+    rows = []
+    for method in METHODS:
+        cells = [method]
+        for lv in levels:
+            m = lv["methods"][method]
+            if not m["studies"]:
+                cells.append("-")
+                continue
+            bound = " (lower bound)" if m["reached"] < m["studies"] else ""
+            cells.append(f"{m['mean']:.0f}{bound}, {m['reached']}/{m['studies']} reached")
+        rows.append(cells)
+    return (
+        f"\nTrial-epochs to reach each level (mean over the seeds; a study that does not "
+        f"reach it within {budget} counts {budget}), the last column the target's threshold:"
+        f"\n\n{markdown_table(header, rows)}"
+    )
 
 
 def report(
@@ -392,6 +499,22 @@ def report(
             )[0],
             "no_full_run": sum(s["best_within_budget"] is None for s in mine),
         }
+    levels = []
+    for factor in (*LEVELS, 1.0):
+        level = metric.threshold(best_known, factor * args.tolerance)
+        per_method = {}
+        for method in METHODS:
+            reached = [
+                epochs_to_reach(s["curve"], level, budget, metric)
+                for s in studies
+                if s["method"] == method
+            ]
+            per_method[method] = {
+                "mean": mean_std([budget if r is None else r for r in reached])[0],
+                "reached": sum(r is not None for r in reached),
+                "studies": len(reached),
+            }
+        levels.append({"tolerances": factor, "value": level, "methods": per_method})
     default_e = methods[DEFAULT]["epochs_to_reach_mean"]
     tpe_e = methods["tpe_asha"]["epochs_to_reach_mean"]
     rnd_e = methods["random"]["epochs_to_reach_mean"]
@@ -428,6 +551,7 @@ def report(
         "best_known": best_known,
         "threshold": threshold,
         "methods": methods,
+        "levels": levels,
         "default": DEFAULT,
         "ratio": ratio,
         "ratio_vs_tpe_asha": ratio_tpe,
@@ -439,6 +563,7 @@ def report(
         "studies": studies,
         "machine": machine_info(),
         "total_wall_time_s": time.perf_counter() - started,
+        "reused": getattr(args, "reused", None),
     }
     line = (
         f"efficiency task={args.task} "
@@ -505,7 +630,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--smoke", action="store_true", help="digits, 2 epochs, 1 seed, 3 trials")
     parser.add_argument("--tag", default="", help="output name suffix (variant runs)")
+    parser.add_argument(
+        "--methods",
+        type=lambda text: [m.strip() for m in text.split(",") if m.strip()],
+        default=list(METHODS),
+        help=f"the methods to run, comma-separated (default: all of {','.join(METHODS)})",
+    )
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        default=None,
+        help="a results JSON of an earlier run with the same configuration: the studies of "
+        "the methods not run now are taken from it (the results say so)",
+    )
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown or not args.methods:
+        parser.error(f"--methods: unknown {unknown or 'empty'}; choose from {','.join(METHODS)}")
     default_task = args.task == "mnist1d"
     if args.smoke:
         if args.task == "mnist1d":
@@ -571,8 +712,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     ensure_ray()
     studies: list[dict[str, Any]] = []
+    if args.reuse is not None:
+        studies, args.reused = reused_studies(args, max_steps, budget)
+    elif set(args.methods) != set(METHODS):
+        parser.error("--methods without all methods needs --reuse (the ratios need every one)")
     for seed in range(args.seeds):
-        for method in METHODS:
+        for method in args.methods:
             trials = {"random": args.random_trials, "pbt": args.pbt_population}.get(
                 method, args.tpe_trials
             )
@@ -614,7 +759,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 f"{metric.show(best_in)} within budget, {run.wall_time_s:.0f} s",
                 flush=True,
             )
-            if method == METHODS[-1]:
+            if method == args.methods[-1]:
                 report(
                     studies,
                     args,

@@ -833,6 +833,7 @@ class TuningEngine:
                 else 0.0
             ),
             noise_candidate=self.noise_candidate_note() is None,
+            recipes=spec.budget.recipe_candidates and not self.pbt,
             epoch_budget=spec.budget.trial_epochs,
             stagewise=(
                 (spec.budget.stage_candidates, spec.budget.stage_keep) if self.stagewise else None

@@ -77,6 +77,7 @@ from tuner.optuna_storage import (
     STAGE_ROUND_ATTR,
     open_storage,
 )
+from tuner.recipes import recipe_schedules
 from tuner.schedule import Schedule
 from tuner.space import ScheduleSpace, StepCap, constraint_violations
 from tuner.trial_config import STOP_AFTER_KEY
@@ -233,8 +234,13 @@ class ScheduleSearcher(Searcher):
         noise_candidate: bool = False,
         epoch_budget: int | None = None,
         stagewise: tuple[int, int] | None = None,
+        recipes: bool = False,
     ) -> None:
         super().__init__(metric=None, mode=None)
+        # The recipe candidates (tuner.recipes): the first tuned draws, until each is drawn
+        # (None: not looked up yet; the Optuna study says which a resumed run drew already).
+        self._recipes = recipes and not objective.is_multi
+        self._recipe_queue: list[tuple[str, dict[str, Any]]] | None = None
         # The stage-wise search: (candidates per round, prefixes kept), and its rounds.
         if stagewise is not None and not 1 <= stagewise[1] <= stagewise[0]:
             raise ValueError(f"stagewise needs 1 <= keep <= candidates, not {stagewise}")
@@ -448,6 +454,9 @@ class ScheduleSearcher(Searcher):
             elif attempt == 0 and self._candidate is not None:
                 self.study.enqueue_trial(self._candidate, user_attrs={CANDIDATE_ATTR: NOISE_SCALE})
                 self._candidate = None
+            elif attempt == 0 and self._pending_recipes():
+                name, params = self._pending_recipes().pop(0)
+                self.study.enqueue_trial(params, user_attrs={CANDIDATE_ATTR: name})
             elif attempt < 3 and self._stagewise is None:
                 self._enqueue_prefix(number, attempt)
             trial = study.ask()
@@ -720,6 +729,30 @@ class ScheduleSearcher(Searcher):
             return
         log.info("noise-scale candidate: %s", schedule.summary())
         self._candidate = params
+
+    def _pending_recipes(self) -> list[tuple[str, dict[str, Any]]]:
+        """The recipe candidates still to draw, as Optuna parameters (those a resumed study
+        drew before its restart are left out; a recipe the space cannot draw too)."""
+        if self._recipe_queue is None:
+            self._recipe_queue = []
+            if self._recipes:
+                drawn = {
+                    t.user_attrs.get(CANDIDATE_ATTR) for t in self.study.get_trials(deepcopy=False)
+                }
+                for name, schedule in recipe_schedules(
+                    self._space, self._objective.spec, self._train_size
+                ):
+                    params = self._space.params_for(schedule, self._cap)
+                    if name in drawn:
+                        continue
+                    if params is None:
+                        log.info(
+                            "no %s candidate: %s is not in the space", name, schedule.summary()
+                        )
+                        continue
+                    log.info("%s candidate: %s", name, schedule.summary())
+                    self._recipe_queue.append((name, params))
+        return self._recipe_queue
 
     @property
     def noise_scale(self) -> dict[int, float]:

@@ -517,6 +517,15 @@ class Budget(_Model):
         "space; it seeds the sampler and is reported beside the baselines. Needs baselines "
         "and a single-objective study.",
     )
+    recipe_candidates: bool = Field(
+        default=True,
+        description="Train the published recipes fitted to the study's budget first: a "
+        "constant batch and Smith's increasing batch, each starting from the smallest batch "
+        "with which the run meets the objective's constraints (max_steps), the LR by the "
+        "scaling rule, a cosine decay at the end. They seed the sampler and are reported "
+        "beside the baselines (fitted_constant, fitted_increase). Single-objective studies "
+        "with the optuna or stagewise search.",
+    )
     seed_runs: int = Field(
         strict=True,
         default=3,

@@ -28,6 +28,8 @@
     large_batch: "large batch (Goyal)",
     increase_batch: "increase batch (Smith)",
     noise_scale: "noise scale (McCandlish)",
+    fitted_constant: "budget-fitted constant batch",
+    fitted_increase: "budget-fitted increase batch",
   };
   var PLOT_CONFIG = {
     displaylogo: false,

@@ -134,7 +134,7 @@ def test_tuning_efficiency_smoke(
         "ratio_vs_pbt",
     }
     assert fields["task"] == "digits"
-    assert fields["default"] == "tpe+probes+prefixes"
+    assert fields["default"] == "tpe+probes+prefixes+recipes"
     assert float(fields["ratio_vs_random"]) > 0
     assert float(fields["ratio_vs_tpe_asha"]) > 0
     assert float(fields["ratio_vs_pbt"]) > 0
@@ -168,10 +168,39 @@ def test_tuning_efficiency_smoke(
     assert pbt["trial_epochs_total"] > 2 * saved["config"]["epochs"]
     assert 0 < saved["best_known"] <= 1
 
+    # The default search starts from the recipes fitted to the budget; the others do not.
+    default = saved["studies"][0]
+    by_number = sorted(default["trials"], key=lambda t: t["number"])
+    assert [t["candidate"] for t in by_number[:2]] == ["fitted_constant", "fitted_increase"]
+    assert not any(t["candidate"] for s in saved["studies"][1:] for t in s["trials"])
+    assert [lv["tolerances"] for lv in saved["levels"]] == [5.0, 2.5, 1.5, 1.0]
+
     md = (tmp_path / "tuning_efficiency_smoke.md").read_text()
     assert "| method |" in md
     assert "tpe_asha (mean)" in md
+    assert "Trial-epochs to reach each level" in md
     _png(tmp_path / "tuning_efficiency_smoke.png")
+
+    # Only the default again: the other methods' studies come from the first run, as they were.
+    again = tmp_path / "again"
+    module.main(
+        [
+            "--smoke",
+            "--results-dir",
+            str(again),
+            "--methods",
+            "default",
+            "--reuse",
+            str(tmp_path / "tuning_efficiency_smoke.json"),
+        ]
+    )
+    rerun = json.loads((again / "tuning_efficiency_smoke.json").read_text())
+    assert [s["method"] for s in rerun["studies"]] == [*methods[1:], "default"]
+    assert [s["trials"] for s in rerun["studies"][:-1]] == [
+        s["trials"] for s in saved["studies"][1:]
+    ]
+    assert rerun["reused"]["methods"] == methods[1:]
+    assert "are those of an earlier run" in (again / "tuning_efficiency_smoke.md").read_text()
 
 
 def test_trial_overhead_measures_what_a_fork_costs(ray_session: None, tmp_path: Path) -> None:

@@ -96,3 +96,36 @@ def test_the_study_spec_names_the_metric_and_leaves_the_lr_range_to_the_space(
     legacy = te.study_spec("random", "digits", 2, 128, None, 3, 0, 1, 1)
     assert legacy.objective_metric() == ("val_accuracy", "max")
     assert legacy.space.lr_multiplier.min == 0.25
+
+
+def test_reusing_a_run_with_another_configuration_is_refused(
+    te: ModuleType, tmp_path: Path
+) -> None:
+    import argparse
+    import json
+
+    config = {
+        "task": "mnist1d",
+        "task_options": {},
+        "epochs": 12,
+        "random_trials": 12,
+        "tpe_trials": 72,
+        "pbt_population": 8,
+        "grace": 2,
+        "concurrent": 2,
+        "max_steps": 374,
+        "budget_trial_epochs": 144,
+    }
+    study = {"method": "random", "seed": 0, "trials": [], "epochs_to_reach": 36.0}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"config": config, "studies": [study], "best_known": 0.98}))
+    args = argparse.Namespace(**{k: v for k, v in config.items() if k != "max_steps"})
+    args.reuse, args.methods, args.seeds = old, ["default"], 3
+    del args.budget_trial_epochs
+    studies, info = te.reused_studies(args, 374, 144)
+    assert [s["method"] for s in studies] == ["random"]
+    assert "epochs_to_reach" not in studies[0]  # recomputed against the new best known
+    assert info["methods"] == [m for m in te.METHODS if m != "default"]
+    args.grace = 4
+    with pytest.raises(SystemExit, match=r"differs in grace \(grace=2 here 4\)"):
+        te.reused_studies(args, 374, 144)

@@ -1,0 +1,143 @@
+"""The recipe candidates: the published recipes fitted to the study's budget, drawn by the
+searcher first as ordinary (enqueued) points of the space, once per study."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tuner.engine_search import META_KEY, ScheduleSearcher
+from tuner.objectives import StudyObjective
+from tuner.optuna_storage import CANDIDATE_ATTR
+from tuner.recipes import FITTED_CONSTANT, FITTED_INCREASE, recipe_schedules
+from tuner.schedule import Schedule
+from tuner.space import ScheduleSpace, StepCap
+from tuner.spec import StudySpec, TaskDefaults
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+DEFAULTS = TaskDefaults(epochs=12, base_batch_size=32, base_lr=0.1)
+TRAIN_SIZE = 5000
+# mnist1d's bench space: 1,872 steps at batch 32; the cap is a fifth of them.
+SPEC = """
+task: mnist1d
+schedule: {total_epochs: 12, scaling_rule: linear}
+space:
+  stages: {min: 1, max: 4}
+  batch_size: {min: 32, max: 1024}
+  lr_multiplier: {min: 0.25, max: 4}
+  warmup_epochs: {min: 0, max: 1}
+  decay: [constant, cosine]
+objective: {kind: accuracy, max_steps: 374}
+"""
+
+
+def recipes(text: str, train_size: int | None = TRAIN_SIZE) -> dict[str, Schedule]:
+    spec = StudySpec.from_yaml(text)
+    space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
+    return dict(recipe_schedules(space, spec.objective, train_size))
+
+
+def test_the_constant_recipe_takes_the_smallest_batch_within_the_step_cap() -> None:
+    schedule = recipes(SPEC)[FITTED_CONSTANT]
+    (stage,) = schedule.stages
+    # 128 would take 39 x 12 = 468 steps > 374; 256 takes 19 x 12 = 228.
+    assert stage.batch_size == 256
+    assert schedule.total_steps(TRAIN_SIZE) <= 374
+    assert stage.lr_multiplier == 1.0  # the scaling rule's LR
+    assert stage.warmup_epochs == pytest.approx(0.6)  # 5 % of the run
+    assert stage.decay == "cosine"
+
+
+def test_the_increase_recipe_multiplies_the_batch_at_the_cuts_and_keeps_the_lr() -> None:
+    schedule = recipes(SPEC)[FITTED_INCREASE]
+    assert [(s.start_epoch, s.end_epoch, s.batch_size) for s in schedule.stages] == [
+        (0, 6, 128),
+        (6, 9, 512),
+        (9, 12, 1024),
+    ]
+    assert schedule.total_steps(TRAIN_SIZE) <= 374
+    # Linear rule: 4x the batch at a quarter of the multiplier is the same absolute LR; at
+    # 1,024 (capped, 2,048 wanted) the multiplier 1/16 is clipped to the space's 0.25.
+    assert [s.lr_multiplier for s in schedule.stages] == [1.0, 0.25, 0.25]
+    assert [s.decay for s in schedule.stages] == ["constant", "constant", "cosine"]
+
+
+def test_without_a_constraint_the_recipes_start_at_the_smallest_batch() -> None:
+    found = recipes(SPEC.replace(", max_steps: 374", ""))
+    assert found[FITTED_CONSTANT].stages[0].batch_size == 32
+    assert found[FITTED_INCREASE].stages[0].batch_size == 32
+
+
+def test_every_recipe_is_a_point_of_the_space_within_the_cap() -> None:
+    spec = StudySpec.from_yaml(SPEC)
+    space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
+    cap = StepCap.of(spec.objective, TRAIN_SIZE)
+    for name, schedule in recipe_schedules(space, spec.objective, TRAIN_SIZE):
+        params = space.params_for(schedule, cap)
+        assert params is not None, name
+        assert space.sample(optuna.trial.FixedTrial(params), cap) == schedule
+
+
+def test_a_space_that_cannot_draw_a_recipe_leaves_it_out() -> None:
+    two_stages = recipes(SPEC.replace("stages: {min: 1, max: 4}", "stages: {min: 2, max: 4}"))
+    assert FITTED_CONSTANT not in two_stages  # one batch is one stage
+    one_stage = recipes(SPEC.replace("stages: {min: 1, max: 4}", "stages: {min: 1, max: 1}"))
+    assert FITTED_INCREASE not in one_stage
+    assert FITTED_CONSTANT in one_stage
+
+
+def test_a_constrained_objective_without_the_training_size_gets_none() -> None:
+    assert recipes(SPEC, train_size=None) == {}
+
+
+def make_searcher(storage: str, recipes_on: bool = True) -> ScheduleSearcher:
+    spec = StudySpec.from_yaml(SPEC)
+    resolved = spec.resolve(DEFAULTS)
+    return ScheduleSearcher(
+        space=ScheduleSpace.from_spec(resolved),
+        objective=StudyObjective.of(spec, resolved.total_epochs),
+        baselines=[],
+        storage_url=storage,
+        study_name="recipes",
+        startup_trials=3,
+        train_size=TRAIN_SIZE,
+        recipes=recipes_on,
+    )
+
+
+def test_the_searcher_draws_the_recipes_first_and_once(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    searcher = make_searcher(storage)
+    first = [searcher.suggest(f"t{i}") for i in range(3)]
+    assert all(isinstance(c, dict) for c in first)
+    drawn = [Schedule.from_dict(c["schedule"]).summary() for c in first]  # type: ignore[index]
+    assert drawn[:2] == ["256@0-12", "128@0-6 -> 512@6-9 -> 1024@9-12"]
+    assert [c[META_KEY]["candidate"] for c in first] == [  # type: ignore[index]
+        FITTED_CONSTANT,
+        FITTED_INCREASE,
+        None,
+    ]
+    trials = searcher.study.get_trials(deepcopy=False)
+    assert [t.user_attrs.get(CANDIDATE_ATTR) for t in trials] == [
+        FITTED_CONSTANT,
+        FITTED_INCREASE,
+        None,
+    ]
+    for i in range(3):
+        searcher.on_trial_complete(
+            f"t{i}", {"training_iteration": 12, "val_accuracy": 0.9, "steps": 228}
+        )
+    # A searcher resuming the same Optuna study does not draw them again.
+    again = make_searcher(storage)
+    config = again.suggest("t3")
+    assert isinstance(config, dict)
+    assert config[META_KEY]["candidate"] is None
+
+
+def test_recipes_off_draws_from_the_sampler_only(tmp_path: Path) -> None:
+    searcher = make_searcher(f"sqlite:///{tmp_path / 'optuna.db'}", recipes_on=False)
+    configs = [searcher.suggest(f"t{i}") for i in range(2)]
+    assert all(c[META_KEY]["candidate"] is None for c in configs)  # type: ignore[index]

@@ -1,0 +1,136 @@
+"""Recipe candidates: the published large-batch recipes fitted to a study's space and budget,
+as the first schedules a search trains.
+
+A sampler's random start-up knows nothing about batch-size schedules: on ``mnist1d`` (batch
+32-1,024, LR multipliers 0.25-4, a 374-step cap) a quarter to a third of the random draws
+train to chance accuracy (a large batch at a high multiplier), and the sampler then models
+that noise. A user tuning by hand starts instead from what the literature says works, fitted
+to the run's step budget. These candidates do that; they are ordinary points of the search
+space (enqueued to Optuna with :meth:`ScheduleSpace.params_for`), so the sampler conditions
+on them like on any other trial, and they are reported beside the baselines under their names.
+
+* ``fitted_constant`` (Goyal et al. 2017, fitted): one batch for the whole run, the smallest
+  of the space with which the run meets the objective's constraints (its ``max_steps``, mean
+  batch bounds): the most optimizer steps the budget allows. The LR follows the study's
+  scaling rule (multiplier 1), reached by a warm-up of 5 % of the run (Goyal's 5 of 90
+  epochs, within the space's warm-up range), then a cosine decay to zero over the run.
+* ``fitted_increase`` (Smith, Kindermans, Le 2017, fitted): the baselines' step skeleton
+  (cuts at 50 % and 75 % of the run, fewer where the space allows fewer stages) with the
+  batch multiplied by 4 at each cut instead of dividing the LR, starting from the smallest
+  batch with which the run meets the constraints. The absolute LR stays that of the first
+  stage (its scaling rule's); once the batch is capped at the space's largest, the rest of
+  the factor divides the LR. The last stage decays to zero (cosine).
+
+Multipliers and warm-ups are clipped to the space's ranges and put on its grid; a recipe the
+space cannot draw (too few stages, a stage shorter than its minimum) is left out. Only
+single-objective studies get them (a Pareto search has no single step budget to fit).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+from tuner.baselines import DECAY_FACTOR, WARMUP_FRACTION, skeleton
+from tuner.errors import ValidationError
+from tuner.schedule import Schedule, Stage
+from tuner.space import ScheduleSpace, constraint_violations, lr_multiplier_grid, warmup_grid
+from tuner.spec import StageDecay
+
+__all__ = ["FITTED_CONSTANT", "FITTED_INCREASE", "RECIPES", "recipe_schedules"]
+
+FITTED_CONSTANT: Final = "fitted_constant"
+FITTED_INCREASE: Final = "fitted_increase"
+#: The recipe candidates, in the order the search trains them.
+RECIPES: Final = (FITTED_CONSTANT, FITTED_INCREASE)
+
+
+def recipe_schedules(
+    space: ScheduleSpace, objective: object, train_size: int | None
+) -> list[tuple[str, Schedule]]:
+    """The recipe candidates of ``space`` that meet ``objective``'s constraints (see the
+    module docstring), in :data:`RECIPES` order. Without the training-set size no step or
+    mean-batch constraint can be checked: then a constrained objective gets none."""
+    out: list[tuple[str, Schedule]] = []
+    for name, build in ((FITTED_CONSTANT, _constant), (FITTED_INCREASE, _increase)):
+        for batch in space.batch_sizes:  # the smallest start that meets the constraints
+            schedule = build(space, batch)
+            if schedule is None:
+                continue
+            try:
+                violations = constraint_violations(schedule, objective, train_size)
+            except ValidationError:  # constrained, and no training-set size to check it
+                return []
+            if all(v <= 0 for v in violations.values()):
+                out.append((name, schedule))
+                break
+    return out
+
+
+def _decay(space: ScheduleSpace) -> StageDecay:
+    """Cosine to zero where the space has it, else its first decay shape."""
+    return "cosine" if "cosine" in space.decays else space.decays[0]
+
+
+def _scale(space: ScheduleSpace, batch: int) -> float:
+    ratio = batch / space.base_batch_size
+    if space.scaling_rule == "linear":
+        return ratio
+    if space.scaling_rule == "sqrt":
+        return math.sqrt(ratio)
+    return 1.0
+
+
+def _mult(space: ScheduleSpace, value: float) -> float:
+    return lr_multiplier_grid(value, space.lr_mult_min, space.lr_mult_max)
+
+
+def _warmup(space: ScheduleSpace, length: int) -> float:
+    wanted = warmup_grid(WARMUP_FRACTION * space.total_epochs, space.warmup_min, space.warmup_max)
+    return min(wanted, float(length))
+
+
+def _constant(space: ScheduleSpace, batch: int) -> Schedule | None:
+    epochs = space.total_epochs
+    if space.stages_min > 1:
+        return None  # one batch is one stage; a space that wants more stages cannot draw it
+    stage = Stage(
+        start_epoch=0,
+        end_epoch=epochs,
+        batch_size=batch,
+        lr_multiplier=_mult(space, 1.0),
+        warmup_epochs=_warmup(space, epochs),
+        decay=_decay(space),
+    )
+    return space.schedule([stage], label_smoothing=space.label_smoothing[0])
+
+
+def _increase(space: ScheduleSpace, batch: int) -> Schedule | None:
+    parts = skeleton(space.total_epochs)[: space.stages_max]
+    if len(parts) < max(2, space.stages_min):
+        return None
+    if any(end - start < space.min_stage_epochs for start, end in parts):
+        return None
+    # The last part runs to the end of the run (a space with fewer stages than the skeleton).
+    parts[-1] = (parts[-1][0], space.total_epochs)
+    flat: StageDecay = "constant" if "constant" in space.decays else space.decays[0]
+    lr = _scale(space, batch)  # the first stage's LR, in units of the base LR
+    stages: list[Stage] = []
+    for i, (start, end) in enumerate(parts):
+        wanted = batch * DECAY_FACTOR**i
+        size = min(wanted, space.largest_batch)
+        stage_lr = lr * size / wanted  # the part of the factor the batch cap did not absorb
+        last = i == len(parts) - 1
+        stages.append(
+            Stage(
+                start_epoch=start,
+                end_epoch=end,
+                batch_size=size,
+                lr_multiplier=_mult(space, stage_lr / _scale(space, size)),
+                warmup_epochs=_warmup(space, end - start)
+                if i == 0
+                else min(space.warmup_min, end - start),
+                decay=_decay(space) if last else flat,
+            )
+        )
+    return space.schedule(stages, label_smoothing=space.label_smoothing[0])
