@@ -438,6 +438,34 @@ def _markdown(data: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def levels_of(
+    studies: Sequence[Mapping[str, Any]],
+    best_known: float,
+    tolerance: float,
+    budget: int,
+    metric: Metric,
+) -> list[dict[str, Any]]:
+    """Per level (:data:`LEVELS`, then the target's threshold) and method: the mean
+    trial-epochs to reach it (a study that does not counts ``budget``) and how many did."""
+    levels = []
+    for factor in (*LEVELS, 1.0):
+        level = metric.threshold(best_known, factor * tolerance)
+        per_method = {}
+        for method in METHODS:
+            reached = [
+                epochs_to_reach(s["curve"], level, budget, metric)
+                for s in studies
+                if s["method"] == method
+            ]
+            per_method[method] = {
+                "mean": mean_std([budget if r is None else r for r in reached])[0],
+                "reached": sum(r is not None for r in reached),
+                "studies": len(reached),
+            }
+        levels.append({"tolerances": factor, "value": level, "methods": per_method})
+    return levels
+
+
 def _levels_markdown(data: dict[str, Any], metric: Metric) -> str:
     """Trial-epochs to reach each level, per method (mean over its studies, a study that
     never does counting the budget; how many did)."""
@@ -499,22 +527,7 @@ def report(
             )[0],
             "no_full_run": sum(s["best_within_budget"] is None for s in mine),
         }
-    levels = []
-    for factor in (*LEVELS, 1.0):
-        level = metric.threshold(best_known, factor * args.tolerance)
-        per_method = {}
-        for method in METHODS:
-            reached = [
-                epochs_to_reach(s["curve"], level, budget, metric)
-                for s in studies
-                if s["method"] == method
-            ]
-            per_method[method] = {
-                "mean": mean_std([budget if r is None else r for r in reached])[0],
-                "reached": sum(r is not None for r in reached),
-                "studies": len(reached),
-            }
-        levels.append({"tolerances": factor, "value": level, "methods": per_method})
+    levels = levels_of(studies, best_known, args.tolerance, budget, metric)
     default_e = methods[DEFAULT]["epochs_to_reach_mean"]
     tpe_e = methods["tpe_asha"]["epochs_to_reach_mean"]
     rnd_e = methods["random"]["epochs_to_reach_mean"]
