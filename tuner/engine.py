@@ -694,6 +694,7 @@ class TuningEngine:
             **probes,
             "metric": self.objective.metric,
             "metric_mode": self.objective.metric_direction,
+            "divergence_factor": spec.budget.divergence_factor,
             "task": spec.task,
             "task_options": dict(spec.task_options),
             "seed": spec.seed,

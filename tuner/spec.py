@@ -517,6 +517,16 @@ class Budget(_Model):
         "space; it seeds the sampler and is reported beside the baselines. Needs baselines "
         "and a single-objective study.",
     )
+    divergence_factor: float | None = Field(
+        default=20.0,
+        gt=1,
+        le=1e6,
+        allow_inf_nan=False,
+        description="A trial whose validation loss rises above this many times its lowest so "
+        "far is stopped as diverged (after an LR or batch increase too large for the model the "
+        "loss jumps by orders of magnitude and does not come back; a run that learns stays "
+        "within a few times its lowest). null: only a non-finite loss stops a trial.",
+    )
     recipe_candidates: bool = Field(
         default=True,
         description="Train the published recipes fitted to the study's budget first: a "

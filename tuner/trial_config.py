@@ -132,6 +132,9 @@ class TrialConfig(TrialResources):
     """Epoch counts after which a cooldown probe runs (sorted, duplicates dropped)."""
     probe_fraction: Number = Field(default=0.2, gt=0.0, le=1.0)
     """A probe's length as a fraction of the epochs trained so far."""
+    divergence_factor: Number | None = Field(default=None, gt=1.0)
+    """Stop the trial as diverged when its validation loss rises above this many times its
+    lowest so far (``tuner.objectives.loss_jump``); None: only a non-finite loss does."""
     metric: str = Field(default="val_accuracy", pattern=r"^val_[a-z][a-z0-9_]{0,39}$")
     """The study's metric: the trial's ``score`` (what schedulers rank) is its value after a
     cooldown probe and at the run's end."""

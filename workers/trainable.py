@@ -46,6 +46,7 @@ from ray import tune
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from tuner.errors import StagetuneError, ValidationError
+from tuner.objectives import JUMP_KEY, loss_jump
 from tuner.prefixes import PrefixStore, boundaries, prefix_key
 from tuner.trial_config import TrialConfig, TrialResources
 from workers.gang import Gang, GangError
@@ -363,7 +364,15 @@ class ScheduleTrainable(tune.Trainable):
             if value is not None and not math.isfinite(value):
                 metrics[key] = None
         self._epoch += 1
-        done = bool(first["diverged"]) or self._epoch >= self._spec.schedule.total_epochs
+        # A finite loss that jumped far above the run's lowest: diverged all the same.
+        lowest = loss_jump(
+            (h.get("val_loss") for h in self._history),
+            metrics["val_loss"],
+            self._spec.divergence_factor,
+        )
+        metrics[JUMP_KEY] = lowest
+        metrics["diverged"] = bool(first["diverged"]) or lowest is not None
+        done = metrics["diverged"] or self._epoch >= self._spec.schedule.total_epochs
         # ``score`` ranks the run where it can be ranked: after a cooldown probe, the probe's
         # value of the study's metric; at the run's end, its own (the schedule's decay has
         # run). None otherwise (Tune wants the key in every result), so a scheduler comparing
@@ -377,8 +386,9 @@ class ScheduleTrainable(tune.Trainable):
                 if key in PROBE_KEYS or key.startswith("probe_val_"):
                     metrics[key] = value
             self._compute_epochs += float(first["probe_epochs"])
-            metrics["score"] = _signed(first.get(f"probe_{metric}"), sign)
-        elif done and not first["diverged"]:
+            if not metrics["diverged"]:
+                metrics["score"] = _signed(first.get(f"probe_{metric}"), sign)
+        elif done and not metrics["diverged"]:
             metrics["score"] = _signed(metrics.get(metric), sign)
         self._history.append({k: v for k, v in metrics.items() if k not in _OWN_KEYS})
         store = self._prefix_store()

@@ -114,6 +114,9 @@ SPEC: dict[str, Any] = {
         "max_failures": 0,
         "max_concurrent": 2,
         "seed_runs": 0,
+        # The sampler's own draws (multipliers up to 1000x) are what diverges; the recipes
+        # (multiplier 1) would take two of the six tuned trials.
+        "recipe_candidates": False,
     },
     "resources": {"workers": 1, "cpus_per_worker": 1},
     "baselines": True,

@@ -506,7 +506,12 @@ def test_the_noise_scale_candidate_follows_the_small_batch_baselines_measurement
     assert [t.user_attrs["stagetune_number"] for t in drawn] == [3]
     assert drawn[0].state is TrialState.COMPLETE
     rows = result.summary["candidates"]
-    assert [(r["number"], r["candidate"]) for r in rows] == [(3, "noise_scale")]
+    # Then the recipe candidates (tuner.recipes), reported the same way.
+    assert [(r["number"], r["candidate"]) for r in rows] == [
+        (3, "noise_scale"),
+        (4, "fitted_constant"),
+        (5, "fitted_increase"),
+    ]
     assert result.summary["noise_candidate"] == {
         "number": 3,
         "schedule": "32@0-2 -> 128@2-3 -> 256@3-4",
@@ -517,7 +522,7 @@ def test_the_noise_scale_candidate_follows_the_small_batch_baselines_measurement
         tmp_path / "no-baselines", text.replace("task: digits", "task: digits\nbaselines: false")
     )
     without = plain.run()
-    assert not [o for o in without.outcomes if o.extra.get("candidate")]
+    assert not [o for o in without.outcomes if o.extra.get("candidate") == "noise_scale"]
     assert "baselines are off" in without.summary["noise_candidate"]["note"]
 
 

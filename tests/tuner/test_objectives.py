@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from typing import ClassVar
@@ -14,6 +15,7 @@ from tuner.formatting import format_bytes
 from tuner.objectives import (
     StudyObjective,
     TrialOutcome,
+    loss_jump,
     pareto_front,
     search_text,
     select_best,
@@ -115,6 +117,12 @@ def test_pareto_objective_has_two_values_and_no_early_stopping() -> None:
         (report(10, 0.9, 10), False, "completed", "trained all 10 epochs"),
         (report(4, 0.6, 10), False, "stopped", "stopped early after 4 of 10 epochs"),
         (report(2, 0.1, 10, diverged=True), False, "diverged", "non-finite in epoch 2"),
+        (
+            {**report(5, 0.1, 10, diverged=True), "val_loss": 4994.0, "diverged_from_loss": 0.2},
+            False,
+            "diverged",
+            "the validation loss jumped to 4994 in epoch 5, 24,970x its lowest so far (0.2)",
+        ),
         (report(3, 0.5, 10), True, "failed", "raised"),
         (None, True, "failed", "raised"),
     ],
@@ -125,6 +133,20 @@ def test_trial_status_tells_how_a_trial_ended(
     got_status, got_reason = trial_status(objective("{kind: accuracy}"), result, error=error)
     assert got_status == status
     assert reason in got_reason
+
+
+def test_a_loss_far_above_the_runs_lowest_is_a_jump() -> None:
+    # mnist1d, batch 64 -> 1,024 at twice the linear rule's LR (measured): 4,994 after 0.198.
+    assert loss_jump([1.688, 0.302, 0.198, 0.247], 4994.0, 20.0) == 0.198
+    # Ordinary ups and downs of a run that learns (mnist1d, batch 512: 0.55 -> 1.345).
+    assert loss_jump([61.4, 35.6, 2.69, 3.08, 1.31, 0.55], 1.345, 20.0) is None
+    assert loss_jump([0.5], 9.9, 20.0) is None  # 19.8x: within the factor
+    assert loss_jump([0.5], 10.1, 20.0) == 0.5
+    # Nothing to compare with, no factor, or a loss that is not finite (the loop's own rule).
+    assert loss_jump([], 100.0, 20.0) is None
+    assert loss_jump([None, math.nan], 100.0, 20.0) is None
+    assert loss_jump([0.1], 100.0, None) is None
+    assert loss_jump([0.1], math.inf, 20.0) is None
 
 
 def test_reaching_the_target_early_is_a_completed_trial() -> None:

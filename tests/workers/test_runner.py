@@ -144,8 +144,12 @@ def test_a_small_digits_study_end_to_end(
     assert result.best_schedule.stages == exported.stages
 
     # One worker without gradient accumulation has no small batch to measure the gradient
-    # noise scale with: no noise-scale candidate, and the summary says why.
-    assert summary["candidates"] == []
+    # noise scale with: no noise-scale candidate, and the summary says why. The candidates are
+    # the recipes the space can draw (two stages exactly: Smith's increase, not a constant
+    # batch), the first tuned trial.
+    assert [(c["number"], c["candidate"]) for c in summary["candidates"]] == [
+        (3, "fitted_increase")
+    ]
     assert all(m.noise_scale is None for m in store.trial_metrics(baselines[0].id))
     assert "use 2 or more workers" in summary["noise_candidate"]["note"]
 

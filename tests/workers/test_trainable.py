@@ -201,6 +201,37 @@ def test_cooldown_probes_score_the_run_and_leave_it_exactly_as_it_was(
 
 @pytest.mark.ray
 @pytest.mark.slow
+def test_a_loss_that_jumps_far_above_its_lowest_stops_the_trial_as_diverged(
+    make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
+) -> None:
+    """mnist1d learns at batch 64, then the batch jumps to 1,024 at twice the linear rule's
+    LR: the validation loss leaps by orders of magnitude though it stays finite. With
+    ``divergence_factor`` the trial stops there as diverged; without, it trains on."""
+    schedule = Schedule(
+        stages=(Stage(0, 4, 64), Stage(4, 8, 1024, lr_multiplier=2.0)),
+        base_lr=0.05,
+        base_batch_size=32,
+        momentum=0.9,
+        weight_decay=5e-4,
+    )
+    config = trial_config(schedule, task="mnist1d", workers=1, divergence_factor=20.0)
+    trainable = make_trainable(config)
+    results = run_trial(trainable)
+    last = results[-1]
+    assert len(results) == 5, [r["val_loss"] for r in results]
+    assert last["diverged"] is True
+    assert last["score"] is None
+    lowest = min(r["val_loss"] for r in results[:-1])
+    assert last["diverged_from_loss"] == lowest
+    assert last["val_loss"] > 20 * lowest
+    assert all(r["diverged"] is False and r["diverged_from_loss"] is None for r in results[:-1])
+
+    trainable.reset_config({**config, "divergence_factor": None})
+    assert len(run_trial(trainable)) == 8  # the same run without the rule: to the end
+
+
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_fork_from_a_shared_prefix_reports_exactly_the_straight_run(
     make_trainable: Callable[[dict[str, Any]], ScheduleTrainable],
     tmp_path: Path,
