@@ -742,9 +742,9 @@ class ScheduleSearcher(Searcher):
                 for name, schedule in recipe_schedules(
                     self._space, self._objective.spec, self._train_size
                 ):
-                    params = self._space.params_for(schedule, self._cap)
                     if name in drawn:
                         continue
+                    params = self._space.params_for(schedule, self._cap)
                     if params is None:
                         log.info(
                             "no %s candidate: %s is not in the space", name, schedule.summary()
