@@ -18,7 +18,9 @@ method and seed:
 * ``tpe_asha``: neither, ASHA on mid-run accuracy (the search before probes and prefixes;
   ``budget.cooldown_probes: false``, no stage-boundary states);
 * ``random``: Optuna's RandomSampler without early stopping (``budget.sampler: random``,
-  ``budget.early_stopping: false``): every drawn schedule trains all its epochs;
+  ``budget.early_stopping: false``): every drawn schedule trains all its epochs unless it
+  diverges (a non-finite loss, or the divergence rule: ``budget.divergence_factor``, on in
+  every method);
 * ``pbt``: Ray Tune's Population Based Training (``budget.search: pbt``), a population of
   ``--pbt-population`` (default 2/3 of the random search's trials, so that its whole run fits
   the budget) perturbed at ``space.stages.max`` cuts of the run; its trials all finish at the
@@ -31,10 +33,11 @@ counted in **trial-epochs** (epochs trained by all trials plus the epochs of the
 probes, less the epochs a fork did not train again; a schedule rejected by the objective's
 constraint before training costs 0), in the order trials finish. A trial's accuracy counts as a
 "schedule found" only when it trained every epoch (a trial stopped by ASHA has no final
-accuracy). The fixed compute budget is the random search's: ``random trials x epochs``
-trial-epochs; the other curves are cut there. The TPE searches get it as their
+accuracy). The fixed compute budget is ``--random-trials x epochs`` trial-epochs (12 full
+runs); the curves are cut there. Random search and the TPE searches get it as their
 ``budget.trial_epochs`` (with ``--tpe-trials``, 72, only a cap on their count), so the compute
-that early stopping and forks save buys more trials.
+that early stopping, forks and diverged runs stopped early save buys more trials (runs before
+2026-11-26 gave random search a count of 12 trials instead).
 
 The studies optimise the task's primary metric (``--metric`` another one it declares):
 validation accuracy on mnist1d, validation loss on tinylm, PSNR on denoise. The *best schedule
@@ -161,9 +164,9 @@ def study_spec(
             "objective": objective,
             "budget": {
                 "trials": trials,
-                # The TPE searches stop on compute (budget.trial_epochs), not on a trial count:
-                # what ASHA and forks save goes into more trials.
-                "trial_epochs": trial_epochs if tpe else None,
+                # Every search but PBT stops on compute (budget.trial_epochs), not on a trial
+                # count: what ASHA, forks and the divergence rule save goes into more trials.
+                "trial_epochs": trial_epochs if method != "pbt" else None,
                 "max_concurrent": concurrent,
                 "grace_period_epochs": grace,
                 "reduction_factor": 3,
@@ -204,6 +207,7 @@ REUSE_KEYS = (
     "concurrent",
     "max_steps",
     "budget_trial_epochs",
+    "random_budget",
 )
 
 
@@ -225,6 +229,7 @@ def reused_studies(
         "concurrent": args.concurrent,
         "max_steps": max_steps,
         "budget_trial_epochs": budget,
+        "random_budget": "trial_epochs",
     }
     differ = [k for k in REUSE_KEYS if cfg.get(k) != mine[k]]
     if differ:
@@ -387,9 +392,17 @@ def _markdown(data: dict[str, Any]) -> str:
         )
     out = [
         f"# Tuning efficiency: {cfg['task']}, {cfg['epochs']}-epoch trials\n\n",
-        f"Budget per study: random {cfg['random_trials']} trials, the TPE + ASHA searches "
-        f"up to {cfg['tpe_trials']} trials within `budget.trial_epochs: {budget}` (no trial "
-        f"starts once it is spent; grace {cfg['grace']} epochs, reduction 3; probes after "
+        (
+            f"Budget per study: `budget.trial_epochs: {budget}` ({cfg['random_trials']} full "
+            f"runs' worth; no trial starts once it is spent), random search and the TPE + ASHA "
+            f"searches up to {cfg['tpe_trials']} trials within it, PBT a population of "
+            f"{cfg['pbt_population']} (ASHA "
+            if cfg.get("random_budget") == "trial_epochs"
+            else f"Budget per study: random {cfg['random_trials']} trials, the TPE + ASHA "
+            f"searches up to {cfg['tpe_trials']} trials within `budget.trial_epochs: {budget}` "
+            "(no trial starts once it is spent; "
+        )
+        + f"grace {cfg['grace']} epochs, reduction 3; probes after "
         "the rungs' epochs, 0.2 of the epochs trained), curves cut at "
         f"{budget} trial-epochs; {cfg['concurrent']} trials at once, 1 worker each. "
         f"Objective: {what} with max_steps {cfg['max_steps']}; batch "
@@ -557,6 +570,8 @@ def report(
             "max_steps": max_steps,
             "small_batch_steps": small_steps,
             "budget_trial_epochs": budget,
+            # Random search stops on compute like the TPE searches (runs before: 12 trials).
+            "random_budget": "trial_epochs",
             "tolerance": args.tolerance,
             "smoke": args.smoke,
         },
@@ -731,9 +746,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser.error("--methods without all methods needs --reuse (the ratios need every one)")
     for seed in range(args.seeds):
         for method in args.methods:
-            trials = {"random": args.random_trials, "pbt": args.pbt_population}.get(
-                method, args.tpe_trials
-            )
+            # Every search but PBT (a fixed population) stops on compute: what early stopping,
+            # forks and the divergence rule save buys more trials.
+            trials = {"pbt": args.pbt_population}.get(method, args.tpe_trials)
             spec = study_spec(
                 method,
                 args.task,

@@ -115,13 +115,14 @@ def test_reusing_a_run_with_another_configuration_is_refused(
         "concurrent": 2,
         "max_steps": 374,
         "budget_trial_epochs": 144,
+        "random_budget": "trial_epochs",
     }
     study = {"method": "random", "seed": 0, "trials": [], "epochs_to_reach": 36.0}
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"config": config, "studies": [study], "best_known": 0.98}))
-    args = argparse.Namespace(**{k: v for k, v in config.items() if k != "max_steps"})
+    drop = ("max_steps", "budget_trial_epochs", "random_budget")
+    args = argparse.Namespace(**{k: v for k, v in config.items() if k not in drop})
     args.reuse, args.methods, args.seeds = old, ["default"], 3
-    del args.budget_trial_epochs
     studies, info = te.reused_studies(args, 374, 144)
     assert [s["method"] for s in studies] == ["random"]
     assert "epochs_to_reach" not in studies[0]  # recomputed against the new best known
