@@ -62,10 +62,10 @@ that never does counts the whole budget, and the JSON flags it).
     .venv/bin/python bench/tuning_efficiency.py --methods default \
         --reuse bench/results/tuning_efficiency.json
 
-Besides the threshold of the target, the results give each method's trial-epochs to reach
-a few more levels (``LEVELS``: the best known less 5, 2.5 and 1.5 tolerances, 1, 0.5 and
-0.3 point of accuracy), so a
-new best schedule that moves the threshold does not hide how fast each search gets close.
+Besides the threshold of the target, the results give each method's trial-epochs to reach a
+few more levels (``LEVELS``: the best known less 5, 2.5 and 1.5 tolerances, i.e. 1, 0.5 and
+0.3 point of accuracy), so that a new best schedule moving the threshold does not hide how
+fast each search gets close.
 """
 
 from __future__ import annotations
