@@ -195,30 +195,11 @@ def study_spec(
 #: Further levels reported, in tolerances below the best known (the target's is 1).
 LEVELS = (5.0, 2.5, 1.5)
 
-#: The configuration fields an earlier run must share for its studies to be reused.
-REUSE_KEYS = (
-    "task",
-    "task_options",
-    "epochs",
-    "random_trials",
-    "tpe_trials",
-    "pbt_population",
-    "grace",
-    "concurrent",
-    "max_steps",
-    "budget_trial_epochs",
-    "random_budget",
-)
 
-
-def reused_studies(
-    args: argparse.Namespace, max_steps: int | None, budget: int
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The studies of ``args.reuse`` for the methods not run now (seeds below ``--seeds``),
-    and what was reused; exits with a message if its configuration differs."""
-    old = json.loads(args.reuse.read_text("utf-8"))
-    cfg = old["config"]
-    mine = {
+def study_config(args: argparse.Namespace, max_steps: int | None, budget: int) -> dict[str, Any]:
+    """The configuration of this run's studies: what an earlier run must share for its
+    studies to be reused (``--reuse``), and part of the results' ``config``."""
+    return {
         "task": args.task,
         "task_options": args.task_options,
         "epochs": args.epochs,
@@ -229,9 +210,20 @@ def reused_studies(
         "concurrent": args.concurrent,
         "max_steps": max_steps,
         "budget_trial_epochs": budget,
+        # Random search stops on compute like the TPE searches (runs before: 12 trials).
         "random_budget": "trial_epochs",
     }
-    differ = [k for k in REUSE_KEYS if cfg.get(k) != mine[k]]
+
+
+def reused_studies(
+    args: argparse.Namespace, max_steps: int | None, budget: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The studies of ``args.reuse`` for the methods not run now (seeds below ``--seeds``),
+    and what was reused; exits with a message if its configuration differs."""
+    old = json.loads(args.reuse.read_text("utf-8"))
+    cfg = old["config"]
+    mine = study_config(args, max_steps, budget)
+    differ = [k for k in mine if cfg.get(k) != mine[k]]
     if differ:
         raise SystemExit(
             f"--reuse {args.reuse}: its configuration differs in {', '.join(differ)} "
@@ -555,23 +547,12 @@ def report(
     ratio_stagewise_pbt = stagewise_e / pbt_e if pbt_e else math.inf
     data: dict[str, Any] = {
         "config": {
-            "task": args.task,
-            "task_options": args.task_options,
+            **study_config(args, max_steps, budget),
             "metric": {"name": metric.name, "direction": metric.direction},
             "batch_range": [space.base_batch_size, space.largest_batch],
             "lr_multiplier_range": [space.lr_mult_min, space.lr_mult_max],
-            "epochs": args.epochs,
             "seeds": sorted({s["seed"] for s in studies}),
-            "random_trials": args.random_trials,
-            "tpe_trials": args.tpe_trials,
-            "pbt_population": args.pbt_population,
-            "grace": args.grace,
-            "concurrent": args.concurrent,
-            "max_steps": max_steps,
             "small_batch_steps": small_steps,
-            "budget_trial_epochs": budget,
-            # Random search stops on compute like the TPE searches (runs before: 12 trials).
-            "random_budget": "trial_epochs",
             "tolerance": args.tolerance,
             "smoke": args.smoke,
         },

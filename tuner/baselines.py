@@ -22,12 +22,12 @@ are the study's result only when no tuned trial beats them.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 from typing import Final
 
 from tuner.errors import ValidationError
 from tuner.schedule import Schedule, Stage, place
+from tuner.schedule.stage import lr_scale
 from tuner.space import ScheduleSpace
 from tuner.spec import BASELINE_NAMES
 
@@ -62,12 +62,7 @@ def skeleton(total_epochs: int) -> list[tuple[int, int]]:
 
 
 def _scale(space: ScheduleSpace, batch: int) -> float:
-    ratio = batch / space.base_batch_size
-    if space.scaling_rule == "linear":
-        return ratio
-    if space.scaling_rule == "sqrt":
-        return math.sqrt(ratio)
-    return 1.0
+    return lr_scale(space.scaling_rule, batch, space.base_batch_size)
 
 
 def _multiplier(space: ScheduleSpace, batch: int, lr: float) -> float:

@@ -28,12 +28,12 @@ single-objective studies get them (a Pareto search has no single step budget to 
 
 from __future__ import annotations
 
-import math
 from typing import Final
 
 from tuner.baselines import DECAY_FACTOR, WARMUP_FRACTION, skeleton
 from tuner.errors import ValidationError
 from tuner.schedule import Schedule, Stage
+from tuner.schedule.stage import lr_scale
 from tuner.space import ScheduleSpace, constraint_violations, lr_multiplier_grid, warmup_grid
 from tuner.spec import StageDecay
 
@@ -72,15 +72,6 @@ def _decay(space: ScheduleSpace) -> StageDecay:
     return "cosine" if "cosine" in space.decays else space.decays[0]
 
 
-def _scale(space: ScheduleSpace, batch: int) -> float:
-    ratio = batch / space.base_batch_size
-    if space.scaling_rule == "linear":
-        return ratio
-    if space.scaling_rule == "sqrt":
-        return math.sqrt(ratio)
-    return 1.0
-
-
 def _mult(space: ScheduleSpace, value: float) -> float:
     return lr_multiplier_grid(value, space.lr_mult_min, space.lr_mult_max)
 
@@ -114,7 +105,9 @@ def _increase(space: ScheduleSpace, batch: int) -> Schedule | None:
     # The last part runs to the end of the run (a space with fewer stages than the skeleton).
     parts[-1] = (parts[-1][0], space.total_epochs)
     flat: StageDecay = "constant" if "constant" in space.decays else space.decays[0]
-    lr = _scale(space, batch)  # the first stage's LR, in units of the base LR
+    lr = lr_scale(
+        space.scaling_rule, batch, space.base_batch_size
+    )  # the first stage's LR, in units of the base LR
     stages: list[Stage] = []
     for i, (start, end) in enumerate(parts):
         wanted = batch * DECAY_FACTOR**i
@@ -126,7 +119,9 @@ def _increase(space: ScheduleSpace, batch: int) -> Schedule | None:
                 start_epoch=start,
                 end_epoch=end,
                 batch_size=size,
-                lr_multiplier=_mult(space, stage_lr / _scale(space, size)),
+                lr_multiplier=_mult(
+                    space, stage_lr / lr_scale(space.scaling_rule, size, space.base_batch_size)
+                ),
                 warmup_epochs=_warmup(space, end - start)
                 if i == 0
                 else min(space.warmup_min, end - start),
