@@ -58,6 +58,9 @@ that never does counts the whole budget, and the JSON flags it).
     .venv/bin/python bench/tuning_efficiency.py            # mnist1d, 3 seeds per method
     .venv/bin/python bench/tuning_efficiency.py --task tinylm   # val loss, 10-epoch trials
     .venv/bin/python bench/tuning_efficiency.py --smoke --results-dir /tmp/e
+    # the methods the ratios need, without the stage-wise and probes-only searches:
+    .venv/bin/python bench/tuning_efficiency.py --task tinylm \
+        --methods default,random,tpe_asha,pbt
     # only the default again, the other methods' studies from an earlier run (same config):
     .venv/bin/python bench/tuning_efficiency.py --methods default \
         --reuse bench/results/tuning_efficiency.json
@@ -105,6 +108,8 @@ from common import (  # noqa: E402
 from tuner.spec import StudySpec  # noqa: E402
 
 METHODS = ("default", "stagewise", "tpe_asha_probes", "tpe_asha", "random", "pbt")
+# The methods the summary line's ratios compare: a run (or --reuse) must have all of them.
+RATIO_METHODS = ("default", "random", "tpe_asha", "pbt")
 DEFAULT = "default"
 #: What the summary line calls the default search.
 DEFAULT_NAME = "tpe+probes+prefixes+recipes"
@@ -419,14 +424,15 @@ def _markdown(data: dict[str, Any]) -> str:
         ""
         if data.get("complete", True)
         else f"\n**Partial**: seeds {cfg['seeds']} finished; the run was cut short.\n",
-        f"\nRatios of the default ({DEFAULT}) to random: {data['ratio']:.2f}, to TPE + ASHA "
-        f"without probes or prefixes: {data['ratio_vs_tpe_asha']:.2f}, to TPE + ASHA with "
-        f"probes alone: {data['ratio_vs_tpe_asha_probes']:.2f}, to PBT (population "
-        f"{cfg['pbt_population']}): {data['ratio_vs_pbt']:.2f}; target <= 0.5 of random and "
+        f"\nRatios of the default ({DEFAULT}) to random: {_ratio(data['ratio'])}, to TPE + ASHA "
+        f"without probes or prefixes: {_ratio(data['ratio_vs_tpe_asha'])}, to TPE + ASHA with "
+        f"probes alone: {_ratio(data['ratio_vs_tpe_asha_probes'])}, to PBT (population "
+        f"{cfg['pbt_population']}): {_ratio(data['ratio_vs_pbt'])}; target <= 0.5 of random and "
         f"<= 1 of PBT: {'met' if data['target_met'] else 'NOT met'}.\n",
         _levels_markdown(data, metric),
         f"\nThe stage-wise search (not the default) to random: "
-        f"{data['ratio_stagewise_vs_random']:.2f}, to PBT: {data['ratio_stagewise_vs_pbt']:.2f}.\n",
+        f"{_ratio(data['ratio_stagewise_vs_random'])}, to PBT: "
+        f"{_ratio(data['ratio_stagewise_vs_pbt'])}.\n",
         f"\nMachine: {data['machine']}\n",
     ]
     reused = data.get("reused")
@@ -441,6 +447,10 @@ def _markdown(data: dict[str, Any]) -> str:
     if data.get("summary_line"):
         out.append(f"\n```\n{data['summary_line']}\n```\n")
     return "".join(out)
+
+
+def _ratio(value: float) -> str:
+    return "not run" if math.isnan(value) else f"{value:.2f}"
 
 
 def levels_of(
@@ -481,6 +491,8 @@ def _levels_markdown(data: dict[str, Any], metric: Metric) -> str:
     header = ["method"] + [f"to {metric.show(lv['value'])}" for lv in levels]
     rows = []
     for method in METHODS:
+        if not levels[0]["methods"][method]["studies"]:  # not run (--methods)
+            continue
         cells = [method]
         for lv in levels:
             m = lv["methods"][method]
@@ -519,6 +531,8 @@ def report(
         s["epochs_to_reach"] = epochs_to_reach(s["curve"], threshold, budget, metric)
     for method in METHODS:
         mine = [s for s in studies if s["method"] == method]
+        if not mine:  # not run (--methods)
+            continue
         reach = [budget if s["epochs_to_reach"] is None else s["epochs_to_reach"] for s in mine]
         methods[method] = {
             "epochs_to_reach": [s["epochs_to_reach"] for s in mine],
@@ -533,18 +547,21 @@ def report(
             "no_full_run": sum(s["best_within_budget"] is None for s in mine),
         }
     levels = levels_of(studies, best_known, args.tolerance, budget, metric)
-    default_e = methods[DEFAULT]["epochs_to_reach_mean"]
-    tpe_e = methods["tpe_asha"]["epochs_to_reach_mean"]
-    rnd_e = methods["random"]["epochs_to_reach_mean"]
-    ratio = default_e / rnd_e if rnd_e else math.inf
-    ratio_tpe = default_e / tpe_e if tpe_e else math.inf
-    probes_e = methods["tpe_asha_probes"]["epochs_to_reach_mean"]
-    ratio_probes = default_e / probes_e if probes_e else math.inf
-    pbt_e = methods["pbt"]["epochs_to_reach_mean"]
-    ratio_pbt = default_e / pbt_e if pbt_e else math.inf
-    stagewise_e = methods["stagewise"]["epochs_to_reach_mean"]
-    ratio_stagewise = stagewise_e / rnd_e if rnd_e else math.inf
-    ratio_stagewise_pbt = stagewise_e / pbt_e if pbt_e else math.inf
+
+    def ratio_of(method: str, to: str) -> float:
+        """Mean trial-epochs to the threshold of ``method`` over those of ``to`` (NaN when
+        either was not run)."""
+        if method not in methods or to not in methods:
+            return math.nan
+        theirs = methods[to]["epochs_to_reach_mean"]
+        return methods[method]["epochs_to_reach_mean"] / theirs if theirs else math.inf
+
+    ratio = ratio_of(DEFAULT, "random")
+    ratio_tpe = ratio_of(DEFAULT, "tpe_asha")
+    ratio_probes = ratio_of(DEFAULT, "tpe_asha_probes")
+    ratio_pbt = ratio_of(DEFAULT, "pbt")
+    ratio_stagewise = ratio_of("stagewise", "random")
+    ratio_stagewise_pbt = ratio_of("stagewise", "pbt")
     data: dict[str, Any] = {
         "config": {
             **study_config(args, max_steps, budget),
@@ -643,7 +660,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--methods",
         type=lambda text: [m.strip() for m in text.split(",") if m.strip()],
         default=list(METHODS),
-        help=f"the methods to run, comma-separated (default: all of {','.join(METHODS)})",
+        help=f"the methods to run, comma-separated (default: all of {','.join(METHODS)}); "
+        f"without --reuse they must include {','.join(RATIO_METHODS)}",
     )
     parser.add_argument(
         "--reuse",
@@ -723,8 +741,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     studies: list[dict[str, Any]] = []
     if args.reuse is not None:
         studies, args.reused = reused_studies(args, max_steps, budget)
-    elif set(args.methods) != set(METHODS):
-        parser.error("--methods without all methods needs --reuse (the ratios need every one)")
+    elif not set(RATIO_METHODS) <= set(args.methods):
+        parser.error(
+            f"--methods must include {', '.join(RATIO_METHODS)} (the summary line's ratios) "
+            "unless --reuse gives the studies of those left out"
+        )
     for seed in range(args.seeds):
         for method in args.methods:
             # Every search but PBT (a fixed population) stops on compute: what early stopping,

@@ -300,6 +300,21 @@ class Gang:
         ]
         return self._gather(refs, method)
 
+    def load_states(self, states: Sequence[Any]) -> None:
+        """Load every rank's trial state (the worker's ``state()``, rank order) with its
+        ``load_state``. Rank 0's state carries the model and optimizer that every rank loads:
+        it goes into Ray's object store once, and each rank reads it from there instead of the
+        driver serialising it once per rank (and twice for rank 0)."""
+        import ray
+
+        if len(states) != self.world_size:
+            raise ValueError(f"need {self.world_size} states, got {len(states)}")
+        shared = ray.put(states[0])
+        self.call_each(
+            "load_state",
+            [((None if rank == 0 else state, shared), {}) for rank, state in enumerate(states)],
+        )
+
     def _pid(self, rank: int) -> str:
         return str(self.infos[rank].pid) if rank < len(self.infos) else "?"
 

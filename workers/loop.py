@@ -948,10 +948,12 @@ class TrialWorker:
             out["optimizer"] = _to_cpu(self._optimizer.state_dict())
         return out
 
-    def load_state(self, state: Mapping[str, Any], shared: Mapping[str, Any]) -> None:
-        """Restore :meth:`state` (``shared``: rank 0's state with model and optimizer) into
-        the configured trial."""
+    def load_state(self, state: Mapping[str, Any] | None, shared: Mapping[str, Any]) -> None:
+        """Restore :meth:`state` (``shared``: rank 0's state with model and optimizer; ``state``
+        None on rank 0, whose own state that is) into the configured trial."""
         self._require()
+        if state is None:
+            state = shared
         with torch.no_grad():
             self._model.load_state_dict(shared["model"])
         self._optimizer.load_state_dict(shared["optimizer"])

@@ -252,7 +252,7 @@ class ScheduleTrainable(tune.Trainable):
             except Exception as exc:  # an unreadable state is a miss, not a failed trial
                 log.warning("ignoring the unreadable prefix state at epoch %s: %s", epoch, exc)
                 continue
-            self._gang.call_each("load_state", [((state, ranks[0]), {}) for state in ranks])
+            self._gang.load_states(ranks)
             self._replay = results
             self._forked_epochs = epoch
             self.fork_load_s = time.perf_counter() - started
@@ -317,8 +317,7 @@ class ScheduleTrainable(tune.Trainable):
             raise ValidationError(
                 f"the checkpoint has {len(states)} workers, this trial {self._gang.world_size}"
             )
-        shared = states[0]
-        self._gang.call_each("load_state", [((state, shared), {}) for state in states])
+        self._gang.load_states(states)
         self._epoch = int(checkpoint["epoch"])
         self._finished = bool(checkpoint["finished"])
         self._compute_epochs = float(checkpoint.get("compute_epochs", self._epoch))
