@@ -141,3 +141,44 @@ def test_recipes_off_draws_from_the_sampler_only(tmp_path: Path) -> None:
     searcher = make_searcher(f"sqlite:///{tmp_path / 'optuna.db'}", recipes_on=False)
     configs = [searcher.suggest(f"t{i}") for i in range(2)]
     assert all(c[META_KEY]["candidate"] is None for c in configs)  # type: ignore[index]
+
+
+ADAMW = TaskDefaults(epochs=10, base_batch_size=32, base_lr=0.003, optimizer="adamw")
+# tinylm's bench space: 640 steps at batch 32 on 2,048 sequences; the cap is a fifth of them.
+ADAMW_SPEC = """
+task: tinylm
+schedule: {total_epochs: 10, scaling_rule: linear}
+space:
+  stages: {min: 1, max: 4}
+  batch_size: {min: 32, max: 512}
+  lr_multiplier: {min: 0.0625, max: 4}
+  warmup_epochs: {min: 0, max: 1}
+  decay: [constant, cosine]
+objective: {kind: accuracy, metric: val_loss, max_steps: 128}
+"""
+
+
+def test_adamw_recipes_scale_the_lr_by_the_square_root_whatever_the_studys_rule() -> None:
+    """Linear scaling would take Adam to 8x its base LR at batch 256; the recipes follow the
+    square-root rule for AdamW (Malladi et al. 2022), and a 4x larger batch halves the LR
+    instead of keeping it (Seesaw)."""
+    spec = StudySpec.from_yaml(ADAMW_SPEC)
+    space = ScheduleSpace.from_spec(spec.resolve(ADAMW))
+    found = dict(recipe_schedules(space, spec.objective, 2048))
+    (constant,) = found[FITTED_CONSTANT].stages
+    assert constant.batch_size == 256
+    peak = found[FITTED_CONSTANT].peak_lr(0)
+    assert peak == pytest.approx(0.003 * 8**0.5, rel=0.03)  # on the multiplier grid
+    increase = found[FITTED_INCREASE]
+    assert [s.batch_size for s in increase.stages] == [128, 512, 512]
+    first, second, _ = (increase.peak_lr(i) for i in range(3))
+    assert first == pytest.approx(0.003 * 2, rel=0.03)  # sqrt(128 / 32) x the base LR
+    assert second == pytest.approx(first / 2, rel=0.03)  # 4x the batch, half the LR
+
+
+def test_sgd_recipes_keep_the_studys_rule() -> None:
+    """The same space with SGD: the linear rule's LR (multiplier 1) as before."""
+    spec = StudySpec.from_yaml(ADAMW_SPEC)
+    space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
+    (constant,) = dict(recipe_schedules(space, spec.objective, 2048))[FITTED_CONSTANT].stages
+    assert constant.lr_multiplier == 1.0
