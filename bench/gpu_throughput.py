@@ -395,16 +395,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     max_plain_steps: int | None = None
     if args.smoke:
         stem = "gpu_throughput_smoke"
-        args.batches, args.epochs_per_stage, args.train = "32,64", 1, 1200
+        args.batches, args.epochs_per_stage, args.train = "32,64", 1, 384
         args.no_compile = True
-        args.share, args.share_trials, args.share_epochs, args.share_train = "2", 2, 2, 600
+        args.share, args.share_trials, args.share_epochs, args.share_train = "2", 2, 2, 256
         max_plain_steps = 4
     batches = [int(b) for b in args.batches.split(",")]
     cuda = args.device.startswith("cuda")
     if cuda:
         torch.backends.cudnn.benchmark = True  # both loops: the fastest conv algorithms
     compile_modes = [False] if args.no_compile else [False, True]
-    num_val = 500 if args.smoke else 5000
+    num_val = 128 if args.smoke else 5000
     started = time.perf_counter()
     data: dict[str, Any] = {"machine": _machine(args.device)}
     rows: list[dict[str, Any]] = []

@@ -18,6 +18,7 @@ SUMMARY = re.compile(r"^api_load rps=[\d.]+ p50_ms=[\d.]+ p99_ms=[\d.]+$")
 
 
 @pytest.mark.slow
+@pytest.mark.ray_free
 def test_api_load_smoke(tmp_path: Path) -> None:
     out = tmp_path / "api_load"
     proc = subprocess.run(

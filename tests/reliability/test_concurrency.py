@@ -132,6 +132,7 @@ async def load(base_url: str, seeded: int, seconds: float) -> Tally:
 
 
 @pytest.mark.slow
+@pytest.mark.ray_free
 def test_fifty_readers_and_a_writer_on_sqlite_never_see_an_error(
     sqlite_url: str, tmp_path: Path
 ) -> None:

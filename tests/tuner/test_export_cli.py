@@ -144,6 +144,7 @@ def _main(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.ray_free
 def test_export_errors_are_one_line_with_exit_codes(
     study: int, sqlite_url: str, tmp_path: Path
 ) -> None:

@@ -1011,6 +1011,7 @@ print(json.dumps(claimed), flush=True)
 
 
 @pytest.mark.slow
+@pytest.mark.ray_free
 def test_claims_from_several_processes_hand_out_each_study_once(db_url: str) -> None:
     with StudyStore(db_url, create=True) as setup:
         ids = {setup.create_study("synthetic", SPEC, 1).id for _ in range(20)}

@@ -30,7 +30,8 @@ import yaml
 from tuner.schedule import Schedule, Stage
 from tuner.store import StudyStatus, StudyStore, TrialStatus
 
-pytestmark = pytest.mark.slow
+# Every test here but the one marked ray talks to an API server without a dispatcher: no Ray.
+pytestmark = [pytest.mark.slow, pytest.mark.ray_free]
 
 REPO = Path(__file__).resolve().parents[2]
 STAGETUNE = Path(sys.executable).with_name("stagetune")

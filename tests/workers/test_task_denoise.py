@@ -257,6 +257,7 @@ def test_one_epoch_through_the_trial_loop_beats_the_noisy_input() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.ray_free
 def test_the_default_run_denoises_well_within_its_default_epochs() -> None:
     results = _trained(TASK.default_epochs, TASK.default_epochs)
     psnr = [r["val_psnr"] for r in results]

@@ -231,6 +231,7 @@ def test_one_epoch_through_the_trial_loop_reports_the_task_metrics() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.ray_free
 def test_default_run_learns_far_beyond_byte_frequencies() -> None:
     """The task's defaults, its default epochs: the loss the docs state (measured, seed 0,
     one thread on a shared 2-core CPU: 3.03 after epoch 1, 1.91 after 10; ~2 s an epoch)."""
