@@ -65,7 +65,7 @@ def _scale(space: ScheduleSpace, batch: int) -> float:
     return lr_scale(space.scaling_rule, batch, space.base_batch_size)
 
 
-def _multiplier(space: ScheduleSpace, batch: int, lr: float) -> float:
+def multiplier_for(space: ScheduleSpace, batch: int, lr: float) -> float:
     """The stage multiplier that gives the absolute LR ``lr`` at ``batch``."""
     return lr / (space.base_lr * _scale(space, batch))
 
@@ -77,7 +77,7 @@ def small_batch(space: ScheduleSpace) -> Schedule:
             start,
             end,
             base,
-            lr_multiplier=_multiplier(space, base, space.base_lr / DECAY_FACTOR**i),
+            lr_multiplier=multiplier_for(space, base, space.base_lr / DECAY_FACTOR**i),
         )
         for i, (start, end) in enumerate(skeleton(space.total_epochs))
     ]
@@ -94,7 +94,7 @@ def large_batch(space: ScheduleSpace) -> Schedule:
             start,
             end,
             batch,
-            lr_multiplier=_multiplier(space, batch, peak / DECAY_FACTOR**i),
+            lr_multiplier=multiplier_for(space, batch, peak / DECAY_FACTOR**i),
             warmup_epochs=min(warmup, float(end - start)) if i == 0 else 0.0,
         )
         for i, (start, end) in enumerate(parts)
@@ -110,7 +110,7 @@ def increase_batch(space: ScheduleSpace) -> Schedule:
         wanted = base * DECAY_FACTOR**i
         batch = min(wanted, cap)
         lr = space.base_lr * batch / wanted  # the part of the decay the cap did not absorb
-        stages.append(Stage(start, end, batch, lr_multiplier=_multiplier(space, batch, lr)))
+        stages.append(Stage(start, end, batch, lr_multiplier=multiplier_for(space, batch, lr)))
     return space.schedule(stages)
 
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from tuner.baselines import DECAY_FACTOR, WARMUP_FRACTION, skeleton
+from tuner.baselines import DECAY_FACTOR, WARMUP_FRACTION, multiplier_for, skeleton
 from tuner.errors import ValidationError
 from tuner.schedule import Schedule, Stage
 from tuner.schedule.stage import lr_scale
@@ -91,8 +91,12 @@ def _decay(space: ScheduleSpace) -> StageDecay:
     return "cosine" if "cosine" in space.decays else space.decays[0]
 
 
-def _mult(space: ScheduleSpace, value: float) -> float:
-    return lr_multiplier_grid(value, space.lr_mult_min, space.lr_mult_max)
+def _mult(space: ScheduleSpace, batch: int, lr: float) -> float:
+    """The space's multiplier (on its grid, within its range) for ``lr`` (in units of the
+    base LR) at ``batch``."""
+    return lr_multiplier_grid(
+        multiplier_for(space, batch, lr * space.base_lr), space.lr_mult_min, space.lr_mult_max
+    )
 
 
 def _warmup(space: ScheduleSpace, length: int) -> float:
@@ -105,14 +109,11 @@ def _constant(space: ScheduleSpace, batch: int) -> Schedule | None:
     if space.stages_min > 1:
         return None  # one batch is one stage; a space that wants more stages cannot draw it
     rule, _ = _rules(space)
-    base = space.base_batch_size
     stage = Stage(
         start_epoch=0,
         end_epoch=epochs,
         batch_size=batch,
-        lr_multiplier=_mult(
-            space, lr_scale(rule, batch, base) / lr_scale(space.scaling_rule, batch, base)
-        ),
+        lr_multiplier=_mult(space, batch, lr_scale(rule, batch, space.base_batch_size)),
         warmup_epochs=_warmup(space, epochs),
         decay=_decay(space),
     )
@@ -144,9 +145,7 @@ def _increase(space: ScheduleSpace, batch: int) -> Schedule | None:
                 start_epoch=start,
                 end_epoch=end,
                 batch_size=size,
-                lr_multiplier=_mult(
-                    space, stage_lr / lr_scale(space.scaling_rule, size, space.base_batch_size)
-                ),
+                lr_multiplier=_mult(space, size, stage_lr),
                 warmup_epochs=_warmup(space, end - start)
                 if i == 0
                 else min(space.warmup_min, end - start),
