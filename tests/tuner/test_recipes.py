@@ -158,22 +158,41 @@ objective: {kind: accuracy, metric: val_loss, max_steps: 128}
 """
 
 
-def test_adamw_recipes_scale_the_lr_by_the_square_root_whatever_the_studys_rule() -> None:
-    """Linear scaling would take Adam to 8x its base LR at batch 256; the recipes follow the
-    square-root rule for AdamW (Malladi et al. 2022), and a 4x larger batch halves the LR
-    instead of keeping it (Seesaw)."""
+def test_adamw_recipes_keep_the_base_lr_and_cool_down_at_the_end() -> None:
+    """Linear scaling would take Adam to 8x its base LR at batch 256, the square-root rule to
+    2.8x; both lose 0.3-0.5 nats on tinylm. The AdamW recipes keep the base LR at the first
+    stage's batch, hold it, and cool down over the last fifth of the run (warm-up-stable-
+    decay); a 4x larger batch halves the LR (Seesaw), down to the space's smallest
+    multiplier."""
     spec = StudySpec.from_yaml(ADAMW_SPEC)
     space = ScheduleSpace.from_spec(spec.resolve(ADAMW))
     found = dict(recipe_schedules(space, spec.objective, 2048))
-    (constant,) = found[FITTED_CONSTANT].stages
-    assert constant.batch_size == 256
-    peak = found[FITTED_CONSTANT].peak_lr(0)
-    assert peak == pytest.approx(0.003 * 8**0.5, rel=0.03)  # on the multiplier grid
+    constant = found[FITTED_CONSTANT]
+    stable, cooldown = constant.stages
+    assert (stable.start_epoch, stable.end_epoch, cooldown.end_epoch) == (0, 8, 10)
+    assert stable.batch_size == cooldown.batch_size == 256
+    assert (stable.decay, cooldown.decay) == ("constant", "cosine")
+    assert (stable.warmup_epochs, cooldown.warmup_epochs) == (0.5, 0)
+    assert constant.peak_lr(0) == constant.peak_lr(1) == pytest.approx(0.003, rel=0.05)
+    # A point the sampler can draw under the step cap (the searcher enqueues it so).
+    assert space.params_for(constant, StepCap.of(spec.objective, 2048)) is not None
     increase = found[FITTED_INCREASE]
     assert [s.batch_size for s in increase.stages] == [128, 512, 512]
     first, second, _ = (increase.peak_lr(i) for i in range(3))
-    assert first == pytest.approx(0.003 * 2, rel=0.03)  # sqrt(128 / 32) x the base LR
-    assert second == pytest.approx(first / 2, rel=0.03)  # 4x the batch, half the LR
+    assert first == pytest.approx(0.003, rel=0.03)
+    # 4x the batch halves the LR; at 512 the space's smallest multiplier is the base LR.
+    assert increase.stages[1].lr_multiplier == space.lr_mult_min
+    assert second == pytest.approx(0.003, rel=0.03)
+
+
+def test_adamw_constant_recipe_is_one_cosine_stage_where_the_space_has_one_stage() -> None:
+    spec = StudySpec.from_yaml(ADAMW_SPEC.replace("{min: 1, max: 4}", "{min: 1, max: 1}"))
+    space = ScheduleSpace.from_spec(spec.resolve(ADAMW))
+    found = dict(recipe_schedules(space, spec.objective, 2048))
+    assert FITTED_INCREASE not in found
+    (stage,) = found[FITTED_CONSTANT].stages
+    assert (stage.batch_size, stage.decay, stage.end_epoch) == (256, "cosine", 10)
+    assert found[FITTED_CONSTANT].peak_lr(0) == pytest.approx(0.003, rel=0.05)
 
 
 def test_sgd_recipes_keep_the_studys_rule() -> None:
