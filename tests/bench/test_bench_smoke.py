@@ -202,6 +202,23 @@ def test_tuning_efficiency_smoke(
     assert rerun["reused"]["methods"] == methods[1:]
     assert "are those of an earlier run" in (again / "tuning_efficiency_smoke.md").read_text()
 
+    # Re-scored: the same studies and figures, nothing trained, the machine they ran on kept.
+    rescored_dir = tmp_path / "rescored"
+    rescored = module.main(
+        [
+            "--smoke",
+            "--results-dir",
+            str(rescored_dir),
+            "--rescore",
+            str(tmp_path / "tuning_efficiency_smoke.json"),
+        ]
+    )
+    assert rescored["summary_line"] == line
+    assert rescored["studies"] == saved["studies"]
+    assert rescored["machine"] == saved["machine"]
+    assert set(rescored["per_seed"]["best_known"]) == {"0"}
+    assert "Re-scored from" in (rescored_dir / "tuning_efficiency_smoke.md").read_text()
+
 
 def test_trial_overhead_measures_what_a_fork_costs(ray_session: None, tmp_path: Path) -> None:
     """The fork-cost part of ``bench/trial_overhead.py`` (the rest of its smoke mode starts a

@@ -6,6 +6,7 @@ best-so-far is at least that good. The runs themselves are covered by ``test_ben
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -130,3 +131,36 @@ def test_reusing_a_run_with_another_configuration_is_refused(
     args.grace = 4
     with pytest.raises(SystemExit, match=r"differs in grace \(grace=2 here 4\)"):
         te.reused_studies(args, 374, 144)
+
+
+def _study(method: str, seed: int, points: list[tuple[float, float]]) -> dict[str, Any]:
+    curve = [{"trial_epochs": e, "best": b} for e, b in points]
+    return {"method": method, "seed": seed, "curve": curve, "best_within_budget": points[-1][1]}
+
+
+def test_each_seed_is_measured_against_its_own_best_schedule(te: ModuleType) -> None:
+    """Seed 0 is lucky for every schedule: against the best known over all seeds (1.90) no
+    study of seed 1 can come within 0.05 nats, whatever it finds; against its own seed's
+    best (2.10) the default gets there after 50 trial-epochs and random search does not."""
+    loss = te.Metric("val_loss", "min")
+    studies = [
+        _study("default", 0, [(10, 2.3), (30, 1.90)]),
+        _study("random", 0, [(10, 2.4), (60, 2.00)]),
+        _study("default", 1, [(20, 2.4), (50, 2.10)]),
+        _study("random", 1, [(20, 2.20), (80, 2.18)]),
+    ]
+    per_seed = te.per_seed_of(studies, 0.05, 100, loss)
+    assert per_seed["best_known"] == {"0": 1.90, "1": 2.10}
+    assert per_seed["methods"]["default"]["epochs_to_reach"] == [30.0, 50.0]
+    assert per_seed["methods"]["random"]["epochs_to_reach"] == [None, None]
+    assert per_seed["methods"]["random"]["epochs_to_reach_mean"] == 100  # the budget
+    assert per_seed["ratio_vs_random"] == pytest.approx(0.4)
+    assert math.isnan(per_seed["ratio_vs_pbt"])  # not run
+    # The global measure: only the lucky seed's default study reaches 1.95.
+    global_threshold = loss.threshold(te.best_value(studies, loss), 0.05)
+    assert [te.epochs_to_reach(s["curve"], global_threshold, 100, loss) for s in studies] == [
+        30.0,
+        None,
+        None,
+        None,
+    ]
