@@ -689,13 +689,13 @@ def report(
         "ratio_stagewise_vs_pbt": ratio_stagewise_pbt,
         "target_met": ratio <= 0.5 and ratio_pbt <= 1.0,
         "studies": studies,
-        # A re-scored run keeps the machine and time its studies ran on and took.
-        "machine": machine_info() if not rescored else reused["machine"],
-        "total_wall_time_s": time.perf_counter() - started
-        if not rescored
-        else reused["total_wall_time_s"],
+        "machine": machine_info(),
+        "total_wall_time_s": time.perf_counter() - started,
         "reused": reused,
     }
+    if reused and rescored:  # the machine and time its studies ran on and took
+        data["machine"] = reused["machine"]
+        data["total_wall_time_s"] = reused["total_wall_time_s"]
     line = (
         f"efficiency task={args.task} "
         + ("" if metric.is_accuracy else f"metric={metric.name} ")
