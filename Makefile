@@ -42,16 +42,19 @@ typecheck: $(STAMP)
 # Two pytest processes side by side: the tests that train or run studies (markers ray, slow:
 # they may start Ray, in this process or in a subprocess, so they never run beside each other)
 # one after another in one, as in a single run (they are sized for the machine's 2 cores and
-# share one Ray instance); everything else (quick tests, the browser's tests that need no Ray,
-# and the slow tests marked ray_free) in the other, at a lower priority (nice) since the training run is the longer one and
-# sets the time (its 30 slowest tests are listed); its report follows when both end.
-test: $(STAMP) system-deps lint typecheck
+# share one Ray instance); the type checks, then everything else (quick tests, the browser's
+# tests that need no Ray, and the slow tests marked ray_free) in the other, at a lower
+# priority (nice) since the training run is the longer one and sets the time (its 30 slowest
+# tests are listed); the other's report follows when both end. Lint runs first (seconds).
+test: $(STAMP) system-deps lint
 	@tmp=$$(mktemp -d); \
-	nice -n 10 $(BIN)/pytest -m "not ray and (not slow or browser or ray_free)" --basetemp="$$tmp/quick" >"$$tmp/quick.log" 2>&1 & \
+	( nice -n 10 $(BIN)/mypy; types=$$?; \
+	  nice -n 10 $(BIN)/pytest -m "not ray and (not slow or browser or ray_free)" --basetemp="$$tmp/quick"; \
+	  tests=$$?; test $$types -eq 0 && test $$tests -eq 0 ) >"$$tmp/quick.log" 2>&1 & \
 	quick=$$!; \
 	$(BIN)/pytest -m "ray or (slow and not browser and not ray_free)" --durations=30 --basetemp="$$tmp/training"; training=$$?; \
 	wait $$quick; quick=$$?; \
-	echo "=== the quick tests and the browser's (run alongside) ==="; cat "$$tmp/quick.log"; \
+	echo "=== the type checks, the quick tests and the browser's (run alongside) ==="; cat "$$tmp/quick.log"; \
 	rm -rf "$$tmp"; \
 	test $$training -eq 0 && test $$quick -eq 0
 
