@@ -80,6 +80,7 @@ BASELINE_LABELS: Final[Mapping[str, str]] = {
     "noise_scale": "noise scale (McCandlish)",
     "fitted_constant": "budget-fitted constant batch",
     "fitted_increase": "budget-fitted increase batch",
+    "fitted_constant_sqrt": "budget-fitted constant batch, square-root LR",
 }
 
 #: An incremental poll (``since``) re-sends trials finished this long before ``since``

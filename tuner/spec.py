@@ -532,9 +532,10 @@ class Budget(_Model):
         description="Train the published recipes fitted to the study's budget first: a "
         "constant batch and Smith's increasing batch, each starting from the smallest batch "
         "with which the run meets the objective's constraints (max_steps), the LR by the "
-        "scaling rule, a cosine decay at the end. They seed the sampler and are reported "
-        "beside the baselines (fitted_constant, fitted_increase). Single-objective studies "
-        "with the optuna or stagewise search.",
+        "scaling rule (for AdamW the base LR, and the constant batch once more at the "
+        "square-root rule's LR), a decay at the end. They seed the sampler and are reported "
+        "beside the baselines (fitted_constant, fitted_increase, fitted_constant_sqrt). "
+        "Single-objective studies with the optuna or stagewise search.",
     )
     seed_runs: int = Field(
         strict=True,

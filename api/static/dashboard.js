@@ -30,6 +30,7 @@
     noise_scale: "noise scale (McCandlish)",
     fitted_constant: "budget-fitted constant batch",
     fitted_increase: "budget-fitted increase batch",
+    fitted_constant_sqrt: "budget-fitted constant batch, square-root LR",
   };
   var PLOT_CONFIG = {
     displaylogo: false,

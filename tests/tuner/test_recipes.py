@@ -11,7 +11,7 @@ import pytest
 from tuner.engine_search import META_KEY, ScheduleSearcher
 from tuner.objectives import StudyObjective
 from tuner.optuna_storage import CANDIDATE_ATTR
-from tuner.recipes import FITTED_CONSTANT, FITTED_INCREASE, recipe_schedules
+from tuner.recipes import FITTED_CONSTANT, FITTED_CONSTANT_SQRT, FITTED_INCREASE, recipe_schedules
 from tuner.schedule import Schedule
 from tuner.space import ScheduleSpace, StepCap
 from tuner.spec import StudySpec, TaskDefaults
@@ -176,6 +176,14 @@ def test_adamw_recipes_keep_the_base_lr_and_cool_down_at_the_end() -> None:
     assert constant.peak_lr(0) == constant.peak_lr(1) == pytest.approx(0.003, rel=0.05)
     # A point the sampler can draw under the step cap (the searcher enqueues it so).
     assert space.params_for(constant, StepCap.of(spec.objective, 2048)) is not None
+    # The same recipe again at the square-root rule's LR (a base LR below Adam's edge).
+    assert list(found) == [FITTED_CONSTANT, FITTED_INCREASE, FITTED_CONSTANT_SQRT]
+    sqrt = found[FITTED_CONSTANT_SQRT]
+    assert [(st.start_epoch, st.batch_size, st.decay) for st in sqrt.stages] == [
+        (0, 256, "constant"),
+        (8, 256, "cosine"),
+    ]
+    assert sqrt.peak_lr(0) == pytest.approx(0.003 * 8**0.5, rel=0.03)
     increase = found[FITTED_INCREASE]
     assert [s.batch_size for s in increase.stages] == [128, 512, 512]
     first, second, _ = (increase.peak_lr(i) for i in range(3))
@@ -189,7 +197,7 @@ def test_adamw_constant_recipe_is_one_cosine_stage_where_the_space_has_one_stage
     spec = StudySpec.from_yaml(ADAMW_SPEC.replace("{min: 1, max: 4}", "{min: 1, max: 1}"))
     space = ScheduleSpace.from_spec(spec.resolve(ADAMW))
     found = dict(recipe_schedules(space, spec.objective, 2048))
-    assert FITTED_INCREASE not in found
+    assert list(found) == [FITTED_CONSTANT, FITTED_CONSTANT_SQRT]
     (stage,) = found[FITTED_CONSTANT].stages
     assert (stage.batch_size, stage.decay, stage.end_epoch) == (256, "cosine", 10)
     assert found[FITTED_CONSTANT].peak_lr(0) == pytest.approx(0.003, rel=0.05)
@@ -199,5 +207,7 @@ def test_sgd_recipes_keep_the_studys_rule() -> None:
     """The same space with SGD: the linear rule's LR (multiplier 1) as before."""
     spec = StudySpec.from_yaml(ADAMW_SPEC)
     space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
-    (constant,) = dict(recipe_schedules(space, spec.objective, 2048))[FITTED_CONSTANT].stages
+    found = dict(recipe_schedules(space, spec.objective, 2048))
+    assert list(found) == [FITTED_CONSTANT, FITTED_INCREASE]  # no square-root twin
+    (constant,) = found[FITTED_CONSTANT].stages
     assert constant.lr_multiplier == 1.0
