@@ -104,7 +104,10 @@ def recipe_schedules(
             except ValidationError:  # constrained, and no training-set size to check it
                 return []
             if all(v <= 0 for v in violations.values()):
-                out.append((name, schedule))
+                # A twin that comes out the same (the square-root rule at the base batch) is
+                # not trained twice.
+                if all(schedule.stages != other.stages for _, other in out):
+                    out.append((name, schedule))
                 break
     return out
 

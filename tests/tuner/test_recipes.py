@@ -211,3 +211,13 @@ def test_sgd_recipes_keep_the_studys_rule() -> None:
     assert list(found) == [FITTED_CONSTANT, FITTED_INCREASE]  # no square-root twin
     (constant,) = found[FITTED_CONSTANT].stages
     assert constant.lr_multiplier == 1.0
+
+
+def test_the_square_root_twin_is_left_out_where_it_is_the_same_schedule() -> None:
+    """Without a step cap both constant recipes take the base batch, where every scaling
+    rule gives the base LR: the twin would train the same schedule again."""
+    spec = StudySpec.from_yaml(ADAMW_SPEC.replace(", max_steps: 128", ""))
+    space = ScheduleSpace.from_spec(spec.resolve(ADAMW))
+    found = dict(recipe_schedules(space, spec.objective, 2048))
+    assert list(found) == [FITTED_CONSTANT, FITTED_INCREASE]
+    assert found[FITTED_CONSTANT].stages[0].batch_size == 32
