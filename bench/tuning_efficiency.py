@@ -245,13 +245,16 @@ def reused_studies(
     studies = [s for s in old["studies"] if s["method"] in methods and int(s["seed"]) < args.seeds]
     for s in studies:
         s.pop("epochs_to_reach", None)  # recomputed against this run's best known
+    earlier = old.get("reused")  # where that run took some of its studies from
+    if earlier and earlier.get("rescored"):  # a re-scored file: where its run took them from
+        earlier = earlier.get("earlier")
     info = {
         "file": args.reuse.name,
         "methods": methods,
         "machine": old.get("machine"),
         "best_known": old.get("best_known"),
         "total_wall_time_s": old.get("total_wall_time_s"),
-        "earlier": old.get("reused"),  # where that run took some of its studies from
+        "earlier": earlier,
     }
     return studies, info
 

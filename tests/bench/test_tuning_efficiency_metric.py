@@ -128,6 +128,19 @@ def test_reusing_a_run_with_another_configuration_is_refused(
     assert [s["method"] for s in studies] == ["random"]
     assert "epochs_to_reach" not in studies[0]  # recomputed against the new best known
     assert info["methods"] == [m for m in te.METHODS if m != "default"]
+    # A file that reused studies says where from; re-scoring it again keeps saying so.
+    origin = {"file": "first.json", "methods": ["random"]}
+    old.write_text(
+        json.dumps({"config": config, "studies": [study], "reused": origin, "best_known": 0.98})
+    )
+    _, info = te.reused_studies(args, 374, 144)
+    assert info["earlier"] == origin
+    rescored = {**info, "rescored": True}
+    old.write_text(
+        json.dumps({"config": config, "studies": [study], "reused": rescored, "best_known": 0.98})
+    )
+    _, again = te.reused_studies(args, 374, 144)
+    assert again["earlier"] == origin
     args.grace = 4
     with pytest.raises(SystemExit, match=r"differs in grace \(grace=2 here 4\)"):
         te.reused_studies(args, 374, 144)
