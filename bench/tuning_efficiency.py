@@ -540,19 +540,22 @@ def per_seed_of(
             "not_reached": sum(r is None for r in reached),
         }
 
-    def ratio(to: str) -> float:
-        if DEFAULT not in methods or to not in methods:
-            return math.nan
-        theirs = methods[to]["epochs_to_reach_mean"]
-        return methods[DEFAULT]["epochs_to_reach_mean"] / theirs if theirs else math.inf
-
     return {
         "best_known": {str(seed): value for seed, value in sorted(best.items())},
         "methods": methods,
-        "ratio_vs_random": ratio("random"),
-        "ratio_vs_tpe_asha": ratio("tpe_asha"),
-        "ratio_vs_pbt": ratio("pbt"),
+        "ratio_vs_random": ratio_of(methods, DEFAULT, "random"),
+        "ratio_vs_tpe_asha": ratio_of(methods, DEFAULT, "tpe_asha"),
+        "ratio_vs_pbt": ratio_of(methods, DEFAULT, "pbt"),
     }
+
+
+def ratio_of(methods: Mapping[str, Mapping[str, Any]], method: str, to: str) -> float:
+    """Mean trial-epochs to the threshold of ``method`` over those of ``to`` (NaN when either
+    was not run)."""
+    if method not in methods or to not in methods:
+        return math.nan
+    theirs = methods[to]["epochs_to_reach_mean"]
+    return methods[method]["epochs_to_reach_mean"] / theirs if theirs else math.inf
 
 
 def _per_seed_markdown(data: dict[str, Any], metric: Metric) -> str:
@@ -652,20 +655,12 @@ def report(
     reused = getattr(args, "reused", None)
     rescored = bool(reused and reused.get("rescored"))
 
-    def ratio_of(method: str, to: str) -> float:
-        """Mean trial-epochs to the threshold of ``method`` over those of ``to`` (NaN when
-        either was not run)."""
-        if method not in methods or to not in methods:
-            return math.nan
-        theirs = methods[to]["epochs_to_reach_mean"]
-        return methods[method]["epochs_to_reach_mean"] / theirs if theirs else math.inf
-
-    ratio = ratio_of(DEFAULT, "random")
-    ratio_tpe = ratio_of(DEFAULT, "tpe_asha")
-    ratio_probes = ratio_of(DEFAULT, "tpe_asha_probes")
-    ratio_pbt = ratio_of(DEFAULT, "pbt")
-    ratio_stagewise = ratio_of("stagewise", "random")
-    ratio_stagewise_pbt = ratio_of("stagewise", "pbt")
+    ratio = ratio_of(methods, DEFAULT, "random")
+    ratio_tpe = ratio_of(methods, DEFAULT, "tpe_asha")
+    ratio_probes = ratio_of(methods, DEFAULT, "tpe_asha_probes")
+    ratio_pbt = ratio_of(methods, DEFAULT, "pbt")
+    ratio_stagewise = ratio_of(methods, "stagewise", "random")
+    ratio_stagewise_pbt = ratio_of(methods, "stagewise", "pbt")
     data: dict[str, Any] = {
         "config": {
             **study_config(args, max_steps, budget),
