@@ -7,8 +7,6 @@ A module of its own (imported by name from ``bench/``) so that the processes
 
 from __future__ import annotations
 
-import os
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +23,7 @@ def plain_setup(task_name: str, options: dict[str, Any]) -> tuple[Any, Any, Any]
 
 def _ddp_worker(
     rank: int,
-    port: int,
+    init_file: str,
     task_name: str,
     options: dict[str, Any],
     batch: int,
@@ -38,9 +36,9 @@ def _ddp_worker(
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    # A file rendezvous: a port picked free beforehand can be taken by another process before
+    # rank 0 listens on it (EADDRINUSE seen in CI beside Ray and the browser tests).
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         task, opts, data = plain_setup(task_name, options)
         torch.manual_seed(0)
@@ -74,9 +72,7 @@ def plain_ddp(task: str, options: dict[str, Any], batch: int, epochs: int) -> li
 
     from torch.multiprocessing.spawn import spawn
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="stagetune-ddp-") as tmp:
-        spawn(_ddp_worker, args=(port, task, options, batch, epochs, tmp), nprocs=2)  # type: ignore[no-untyped-call]
+        init_file = str(Path(tmp, "rendezvous"))
+        spawn(_ddp_worker, args=(init_file, task, options, batch, epochs, tmp), nprocs=2)  # type: ignore[no-untyped-call]
         return [float(v) for v in Path(tmp, "rank0.txt").read_text().split()]
