@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 from pathlib import Path
 from types import ModuleType
@@ -122,8 +123,11 @@ def test_schedule_quality_smoke(
 def test_tuning_efficiency_smoke(
     ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The four methods of the summary line's ratios, then the other two in a second run that
+    takes those four studies from the first (``--reuse``), then a re-score of that file."""
     module = _load("tuning_efficiency")
-    module.main(["--smoke", "--results-dir", str(tmp_path)])
+    ratio_methods = ["default", "tpe_asha", "random", "pbt"]
+    module.main(["--smoke", "--results-dir", str(tmp_path), "--methods", ",".join(ratio_methods)])
     line = _last_line(capsys.readouterr().out)
     fields = _fields(line, "efficiency")
     assert set(fields) == {
@@ -144,44 +148,13 @@ def test_tuning_efficiency_smoke(
     markdown = (tmp_path / "tuning_efficiency_smoke.md").read_text().rstrip()
     assert markdown.endswith(f"```\n{line}\n```")  # the results page ends with its summary
     assert {"config", "best_known", "threshold", "methods", "ratio", "studies"} <= set(saved)
-    methods = ["default", "stagewise", "tpe_asha_probes", "tpe_asha", "random", "pbt"]
-    assert list(saved["methods"]) == methods
-    assert [s["method"] for s in saved["studies"]] == methods
-    for study in saved["studies"]:
-        spent = [p["trial_epochs"] for p in study["curve"]]
-        assert spent == sorted(spent)
-        assert spent[-1] == study["trial_epochs_total"]
-    # The cooldown probes (after epoch 1 of 2, ASHA's rung) are counted as compute; the
-    # searches without probes spend exactly the epochs they train.
-    _, stagewise, probed, plain, random_study, pbt = saved["studies"]
-    assert any(t["compute_epochs"] > t["epochs_done"] for t in probed["trials"])
-    assert plain["trial_epochs_total"] == sum(t["epochs_done"] for t in plain["trials"])
-    # The stage-wise search's trials either trained a whole schedule or stopped at the end
-    # of their round's stage.
-    for t in stagewise["trials"]:
-        assert t["epochs_done"] == 2 or t["stop_reason"].startswith("stage-wise search"), t
-    # Random search without early stopping trains every trial for all its epochs.
-    assert random_study["trial_epochs_total"] == 3 * saved["config"]["epochs"]
-    # PBT's population of 2 trains every epoch and probes at its perturbation epoch.
-    assert saved["config"]["pbt_population"] == 2
-    assert [t["epochs_done"] for t in pbt["trials"]] == [2, 2]
-    assert pbt["trial_epochs_total"] > 2 * saved["config"]["epochs"]
-    assert 0 < saved["best_known"] <= 1
+    assert list(saved["methods"]) == ratio_methods
+    assert [s["method"] for s in saved["studies"]] == ratio_methods
+    assert math.isnan(saved["ratio_stagewise_vs_random"])  # not run
+    assert "to random: not run" in markdown
 
-    # The default search starts from the recipes fitted to the budget; the others do not.
-    default = saved["studies"][0]
-    by_number = sorted(default["trials"], key=lambda t: t["number"])
-    assert [t["candidate"] for t in by_number[:2]] == ["fitted_constant", "fitted_increase"]
-    assert not any(t["candidate"] for s in saved["studies"][1:] for t in s["trials"])
-    assert [lv["tolerances"] for lv in saved["levels"]] == [5.0, 2.5, 1.5, 1.0]
-
-    md = (tmp_path / "tuning_efficiency_smoke.md").read_text()
-    assert "| method |" in md
-    assert "tpe_asha (mean)" in md
-    assert "Trial-epochs to reach each level" in md
-    _png(tmp_path / "tuning_efficiency_smoke.png")
-
-    # Only the default again: the other methods' studies come from the first run, as they were.
+    # The stage-wise and probes-only searches; the other studies come from the first run, as
+    # they were.
     again = tmp_path / "again"
     module.main(
         [
@@ -189,20 +162,58 @@ def test_tuning_efficiency_smoke(
             "--results-dir",
             str(again),
             "--methods",
-            "default",
+            "stagewise,tpe_asha_probes",
             "--reuse",
             str(tmp_path / "tuning_efficiency_smoke.json"),
         ]
     )
     rerun = json.loads((again / "tuning_efficiency_smoke.json").read_text())
-    assert [s["method"] for s in rerun["studies"]] == [*methods[1:], "default"]
-    assert [s["trials"] for s in rerun["studies"][:-1]] == [
-        s["trials"] for s in saved["studies"][1:]
+    methods = ["default", "stagewise", "tpe_asha_probes", "tpe_asha", "random", "pbt"]
+    assert list(rerun["methods"]) == methods
+    assert [s["method"] for s in rerun["studies"]] == [
+        *ratio_methods,
+        "stagewise",
+        "tpe_asha_probes",
     ]
-    assert rerun["reused"]["methods"] == methods[1:]
+    assert [s["trials"] for s in rerun["studies"][:4]] == [s["trials"] for s in saved["studies"]]
+    assert rerun["reused"]["methods"] == ratio_methods
     assert "are those of an earlier run" in (again / "tuning_efficiency_smoke.md").read_text()
 
-    # Re-scored: the same studies and figures, nothing trained, the machine they ran on kept.
+    for study in rerun["studies"]:
+        spent = [p["trial_epochs"] for p in study["curve"]]
+        assert spent == sorted(spent)
+        assert spent[-1] == study["trial_epochs_total"]
+    default, plain, random_study, pbt, stagewise, probed = rerun["studies"]
+    # The cooldown probes (after epoch 1 of 2, ASHA's rung) are counted as compute; the
+    # searches without probes spend exactly the epochs they train.
+    assert any(t["compute_epochs"] > t["epochs_done"] for t in probed["trials"])
+    assert plain["trial_epochs_total"] == sum(t["epochs_done"] for t in plain["trials"])
+    # The stage-wise search's trials either trained a whole schedule or stopped at the end
+    # of their round's stage.
+    for t in stagewise["trials"]:
+        assert t["epochs_done"] == 2 or t["stop_reason"].startswith("stage-wise search"), t
+    # Random search without early stopping trains every trial for all its epochs.
+    assert random_study["trial_epochs_total"] == 3 * rerun["config"]["epochs"]
+    # PBT's population of 2 trains every epoch and probes at its perturbation epoch.
+    assert rerun["config"]["pbt_population"] == 2
+    assert [t["epochs_done"] for t in pbt["trials"]] == [2, 2]
+    assert pbt["trial_epochs_total"] > 2 * rerun["config"]["epochs"]
+    assert 0 < rerun["best_known"] <= 1
+
+    # The default search starts from the recipes fitted to the budget; the others do not.
+    by_number = sorted(default["trials"], key=lambda t: t["number"])
+    assert [t["candidate"] for t in by_number[:2]] == ["fitted_constant", "fitted_increase"]
+    assert not any(t["candidate"] for s in rerun["studies"][1:] for t in s["trials"])
+    assert [lv["tolerances"] for lv in rerun["levels"]] == [5.0, 2.5, 1.5, 1.0]
+
+    md = (again / "tuning_efficiency_smoke.md").read_text()
+    assert "| method |" in md
+    assert "tpe_asha (mean)" in md
+    assert "Trial-epochs to reach each level" in md
+    _png(again / "tuning_efficiency_smoke.png")
+
+    # Re-scored: the same studies and figures, no study trained again, the machine they ran
+    # on kept; and the cross-seed check retrains the default's best schedule.
     rescored_dir = tmp_path / "rescored"
     rescored = module.main(
         [
@@ -210,14 +221,32 @@ def test_tuning_efficiency_smoke(
             "--results-dir",
             str(rescored_dir),
             "--rescore",
-            str(tmp_path / "tuning_efficiency_smoke.json"),
+            str(again / "tuning_efficiency_smoke.json"),
+            "--cross-seed",
         ]
     )
-    assert rescored["summary_line"] == line
-    assert rescored["studies"] == saved["studies"]
-    assert rescored["machine"] == saved["machine"]
+    cross = rescored["cross_seed"]
+    assert cross["seeds"] == [0]
+    (row,) = cross["schedules"]
+    best = min(
+        (t for t in default["trials"] if t["status"] == "completed" and t["epochs_done"] == 2),
+        key=lambda t: -t["metric_value"],
+    )
+    assert (row["found_on_seed"], row["trial"]) == (0, best["number"])
+    # the same schedule on the same seed, trained straight through: the study's value
+    assert row["values"]["0"] == pytest.approx(best["metric_value"], abs=1e-6)
+    assert "Cross-seed check" in (rescored_dir / "tuning_efficiency_smoke.md").read_text()
+    assert rescored["summary_line"] == rerun["summary_line"]
+    assert rescored["studies"] == rerun["studies"]
+    assert rescored["machine"] == rerun["machine"]
     assert set(rescored["per_seed"]["best_known"]) == {"0"}
-    assert "Re-scored from" in (rescored_dir / "tuning_efficiency_smoke.md").read_text()
+    rescored_md = (rescored_dir / "tuning_efficiency_smoke.md").read_text()
+    assert "Re-scored from" in rescored_md
+    # that file's studies came partly from the first run, and the re-score says so
+    assert (
+        "that run took the studies of default, tpe_asha, random, pbt from "
+        "`tuning_efficiency_smoke.json`" in rescored_md
+    )
 
 
 def test_trial_overhead_measures_what_a_fork_costs(ray_session: None, tmp_path: Path) -> None:

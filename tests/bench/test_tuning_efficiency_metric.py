@@ -127,7 +127,7 @@ def test_reusing_a_run_with_another_configuration_is_refused(
     studies, info = te.reused_studies(args, 374, 144)
     assert [s["method"] for s in studies] == ["random"]
     assert "epochs_to_reach" not in studies[0]  # recomputed against the new best known
-    assert info["methods"] == [m for m in te.METHODS if m != "default"]
+    assert info["methods"] == ["random"]  # the methods left out that the file has
     # A file that reused studies says where from; re-scoring it again keeps saying so.
     origin = {"file": "first.json", "methods": ["random"]}
     old.write_text(
@@ -144,6 +144,51 @@ def test_reusing_a_run_with_another_configuration_is_refused(
     args.grace = 4
     with pytest.raises(SystemExit, match=r"differs in grace \(grace=2 here 4\)"):
         te.reused_studies(args, 374, 144)
+
+
+def test_more_seeds_reuse_the_lower_seeds_of_every_method(te: ModuleType, tmp_path: Path) -> None:
+    """``--first-seed`` adds seeds to an earlier run: the methods run now train only the new
+    seeds, and their lower seeds come from the file with the other methods' studies."""
+    import argparse
+    import json
+
+    config = {
+        "task": "tinylm",
+        "task_options": {},
+        "epochs": 10,
+        "random_trials": 12,
+        "tpe_trials": 72,
+        "pbt_population": 8,
+        "grace": 2,
+        "concurrent": 2,
+        "max_steps": 128,
+        "budget_trial_epochs": 120,
+        "random_budget": "trial_epochs",
+    }
+    studies = [
+        {"method": m, "seed": k, "trials": [], "epochs_to_reach": 1.0}
+        for m in ("default", "random")
+        for k in (0, 1, 2)
+    ]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"config": config, "studies": studies, "best_known": 2.5}))
+    drop = ("max_steps", "budget_trial_epochs", "random_budget")
+    args = argparse.Namespace(**{k: v for k, v in config.items() if k not in drop})
+    args.reuse, args.methods, args.seeds, args.first_seed = old, ["default"], 3, 2
+    kept, info = te.reused_studies(args, 128, 120)
+    # random (not run now): all three seeds; default (run now): seeds 0 and 1, not seed 2
+    assert sorted((s["method"], s["seed"]) for s in kept) == [
+        ("default", 0),
+        ("default", 1),
+        ("random", 0),
+        ("random", 1),
+        ("random", 2),
+    ]
+    assert info["seeds"] == [0, 1]
+    # a method run now whose lower seeds the file lacks cannot be completed from it
+    args.methods, args.first_seed = ["default", "pbt"], 1
+    with pytest.raises(SystemExit, match="has no study of pbt seed 0"):
+        te.reused_studies(args, 128, 120)
 
 
 def _study(method: str, seed: int, points: list[tuple[float, float]]) -> dict[str, Any]:
