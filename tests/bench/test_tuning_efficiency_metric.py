@@ -165,7 +165,7 @@ def test_more_seeds_reuse_the_lower_seeds_of_every_method(te: ModuleType, tmp_pa
         "budget_trial_epochs": 120,
         "random_budget": "trial_epochs",
     }
-    studies = [
+    studies: list[dict[str, Any]] = [
         {"method": m, "seed": k, "trials": [], "epochs_to_reach": 1.0}
         for m in ("default", "random")
         for k in (0, 1, 2)
