@@ -331,11 +331,15 @@ def best_value(studies: Sequence[Mapping[str, Any]], metric: Metric) -> float | 
 
 
 def best_full_trial(
-    study: Mapping[str, Any], epochs: int, metric: Metric
+    study: Mapping[str, Any], epochs: int, metric: Metric, budget: float
 ) -> Mapping[str, Any] | None:
-    """The study's best full run within its curve (completed, feasible, every epoch)."""
+    """The study's best full run (completed, feasible, every epoch) among the trials that
+    finished within ``budget`` trial-epochs: the run behind its ``best_within_budget``."""
+    spent = {p["number"]: p["trial_epochs"] for p in study["curve"]}
     best: Mapping[str, Any] | None = None
     for t in study["trials"]:
+        if spent.get(t["number"], math.inf) > budget:
+            continue
         value = t.get("metric_value")
         if value is None and metric.is_accuracy:
             value = t.get("val_accuracy")
@@ -364,7 +368,7 @@ def cross_seed_check(
     seeds = sorted({int(s["seed"]) for s in studies})
     picks = []
     for study in mine:
-        trial = best_full_trial(study, args.epochs, metric)
+        trial = best_full_trial(study, args.epochs, metric, args.random_trials * args.epochs)
         if trial is not None:
             picks.append((int(study["seed"]), trial))
     jobs = [

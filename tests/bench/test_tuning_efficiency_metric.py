@@ -67,6 +67,24 @@ def test_a_loss_study_curve_goes_down_and_counts_full_runs_only(te: ModuleType) 
     assert te.epochs_to_reach(points, threshold, 60, loss) is None  # not within the budget
 
 
+def test_the_cross_seed_check_retrains_the_run_behind_the_best_within_budget(
+    te: ModuleType,
+) -> None:
+    """The schedule the cross-seed check retrains is the full run that set the study's
+    ``best_within_budget``: not a stopped trial, not one that finished after the budget."""
+    loss = te.Metric("val_loss", "min")
+    trials = [
+        _trial(0, 10, 2.40, 10.0),
+        _trial(1, 3, 1.50, 3.6),  # stopped early
+        _trial(2, 10, 2.10, 10.0),
+        _trial(3, 10, 1.90, 10.0),  # best of all, but it finished past 30 trial-epochs
+    ]
+    study = {"trials": trials, "curve": te.curve(trials, 10, loss)}
+    assert te.best_full_trial(study, 10, loss, 30.0)["number"] == 2
+    assert te.best_full_trial(study, 10, loss, 40.0)["number"] == 3
+    assert te.best_full_trial(study, 10, loss, 5.0) is None
+
+
 def test_an_accuracy_study_reads_as_it_always_did(te: ModuleType) -> None:
     acc = te.Metric("val_accuracy", "max")
     trials = [
