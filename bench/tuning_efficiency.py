@@ -287,21 +287,29 @@ def reused_studies(
     return studies, info
 
 
+def full_run_value(t: Mapping[str, Any], epochs: int, metric: Metric) -> float | None:
+    """A trial's value as a schedule found: its ``metric_value`` (an accuracy study's stored
+    before that column: ``val_accuracy``) if it completed all ``epochs`` feasibly with a
+    finite value, else None."""
+    value = t.get("metric_value")
+    if value is None and metric.is_accuracy:
+        value = t.get("val_accuracy")
+    full = t["status"] == "completed" and t["feasible"] and int(t["epochs_done"] or 0) >= epochs
+    if full and isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 def curve(trials: Sequence[Mapping[str, Any]], epochs: int, metric: Metric) -> list[dict[str, Any]]:
     """Best-so-far full-run value of the study metric after each trial (in the order they
-    finished), against cumulative trial-epochs. A trial's value is its ``metric_value`` (an
-    accuracy study's stored before that column: ``val_accuracy``)."""
+    finished), against cumulative trial-epochs (:func:`full_run_value`)."""
     spent = 0.0
     best: float | None = None
     points = []
     for t in trials:
         spent += float(t.get("compute_epochs") or t["epochs_done"] or 0)
-        value = t.get("metric_value")
-        if value is None and metric.is_accuracy:
-            value = t.get("val_accuracy")
-        full = t["status"] == "completed" and t["feasible"] and int(t["epochs_done"] or 0) >= epochs
-        value = float(value) if isinstance(value, int | float) else math.nan
-        if full and math.isfinite(value) and (best is None or metric.better(value, best)):
+        value = full_run_value(t, epochs, metric)
+        if value is not None and (best is None or metric.better(value, best)):
             best = value
         points.append({"number": t["number"], "trial_epochs": spent, "best": best})
     return points
@@ -338,16 +346,11 @@ def best_full_trial(
     spent = {p["number"]: p["trial_epochs"] for p in study["curve"]}
     best: Mapping[str, Any] | None = None
     for t in study["trials"]:
-        if spent.get(t["number"], math.inf) > budget:
+        value = full_run_value(t, epochs, metric)
+        if value is None or spent.get(t["number"], math.inf) > budget:
             continue
-        value = t.get("metric_value")
-        if value is None and metric.is_accuracy:
-            value = t.get("val_accuracy")
-        full = t["status"] == "completed" and t["feasible"] and int(t["epochs_done"] or 0) >= epochs
-        if not (full and isinstance(value, int | float) and math.isfinite(value)):
-            continue
-        if best is None or metric.better(float(value), float(best["_value"])):
-            best = {**t, "_value": float(value)}
+        if best is None or metric.better(value, float(best["_value"])):
+            best = {**t, "_value": value}
     return best
 
 
