@@ -26,7 +26,15 @@ on them like on any other trial, and they are reported beside the baselines unde
   equivalence: 4x the batch is a quarter of the LR); for AdamW each 4x of the batch halves it
   (Seesaw, arXiv 2510.14717: for Adam, doubling the batch stands for dividing the LR by
   sqrt(2)). Once the batch is capped at the space's largest, the rest of the factor divides
-  the LR. The last stage decays to zero (cosine).
+  the LR. The last stage decays to zero (cosine). Under a step cap the cuts then move later,
+  as far as the cap allows (the most optimizer steps it allows, as for ``fitted_constant``;
+  of equal counts, the cuts nearest the skeleton's): the batches are powers of two, so the
+  skeleton at the smallest start that fits leaves part of the budget unused. Measured with
+  the cap at a fifth of the small batch's steps: ``tinylm`` 100 of 128 steps, validation
+  loss 2.86 / 2.55 / 2.60 / 2.54 / 2.51 nats on trial seeds 0-4, against 2.68 / 2.49 / 2.52
+  / 2.44 / 2.43 with the first cut moved from epoch 5 to 7 (124 steps); ``denoise`` 40 of 51
+  steps, 24.42 / 25.69 dB on seeds 0 / 1, against 25.42 / 26.83 with it moved from epoch 4
+  to 5 (46 steps).
 * ``fitted_constant_sqrt`` (AdamW only): ``fitted_constant`` at the square-root rule's LR
   (below).
 
@@ -53,6 +61,7 @@ single-objective studies get them (a Pareto search has no single step budget to 
 
 from __future__ import annotations
 
+import itertools
 from typing import Final
 
 from tuner.baselines import DECAY_FACTOR, WARMUP_FRACTION, multiplier_for, skeleton
@@ -104,6 +113,8 @@ def recipe_schedules(
             except ValidationError:  # constrained, and no training-set size to check it
                 return []
             if all(v <= 0 for v in violations.values()):
+                if name == FITTED_INCREASE and train_size is not None:
+                    schedule = _fill_step_cap(space, batch, schedule, objective, train_size)
                 # A twin that comes out the same (the square-root rule at the base batch) is
                 # not trained twice.
                 if all(schedule.stages != other.stages for _, other in out):
@@ -174,14 +185,50 @@ def _constant(space: ScheduleSpace, batch: int, rule: ScalingRule | None = None)
     return space.schedule([stage], label_smoothing=smoothing)
 
 
-def _increase(space: ScheduleSpace, batch: int) -> Schedule | None:
-    parts = skeleton(space.total_epochs)[: space.stages_max]
-    if len(parts) < max(2, space.stages_min):
-        return None
+def _fill_step_cap(
+    space: ScheduleSpace, batch: int, fitted: Schedule, objective: object, train_size: int
+) -> Schedule:
+    """``fitted`` (the increase recipe from ``batch``, within the constraints) with its cuts
+    moved later, as far as the objective's step cap allows: of the cut positions at or after
+    the skeleton's that meet every constraint, those with the most steps, and of them the
+    nearest the skeleton's. Without a step cap, ``fitted`` itself."""
+    if getattr(objective, "max_steps", None) is None:
+        return fitted
+    epochs = space.total_epochs
+    starts = [st.start_epoch for st in fitted.stages[1:]]
+    best, best_key = fitted, (fitted.total_steps(train_size), 0)
+    for cuts in itertools.combinations(range(starts[0], epochs), len(starts)):
+        if any(cut < start for cut, start in zip(cuts, starts, strict=True)):
+            continue
+        bounds = [0, *cuts, epochs]
+        schedule = _increase(space, batch, list(itertools.pairwise(bounds)))
+        if schedule is None:
+            continue
+        if any(v > 0 for v in constraint_violations(schedule, objective, train_size).values()):
+            continue
+        key = (
+            schedule.total_steps(train_size),
+            -sum(c - s for c, s in zip(cuts, starts, strict=True)),
+        )
+        if key > best_key:
+            best, best_key = schedule, key
+    return best
+
+
+def _increase(
+    space: ScheduleSpace, batch: int, parts: list[tuple[int, int]] | None = None
+) -> Schedule | None:
+    """The increase recipe from ``batch`` over ``parts`` (its stages' epochs; by default the
+    skeleton's)."""
+    if parts is None:
+        parts = skeleton(space.total_epochs)[: space.stages_max]
+        if len(parts) < max(2, space.stages_min):
+            return None
+        # The last part runs to the end of the run (a space with fewer stages than the
+        # skeleton).
+        parts[-1] = (parts[-1][0], space.total_epochs)
     if any(end - start < space.min_stage_epochs for start, end in parts):
         return None
-    # The last part runs to the end of the run (a space with fewer stages than the skeleton).
-    parts[-1] = (parts[-1][0], space.total_epochs)
     flat: StageDecay = "constant" if "constant" in space.decays else space.decays[0]
     rule, equivalence = _rules(space)
     base = space.base_batch_size

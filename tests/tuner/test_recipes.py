@@ -53,12 +53,16 @@ def test_the_constant_recipe_takes_the_smallest_batch_within_the_step_cap() -> N
 
 def test_the_increase_recipe_multiplies_the_batch_at_the_cuts_and_keeps_the_lr() -> None:
     schedule = recipes(SPEC)[FITTED_INCREASE]
+    # From 128, the smallest start with which the skeleton (cuts at epochs 6 and 9: 273
+    # steps) fits the cap, its cuts moved later to use the most of it: 8 x 39 + 2 x 9 +
+    # 2 x 4 = 338 steps (cuts at 9 and 11 would take 373, but leave a 1-epoch stage, under
+    # the space's 2-epoch minimum).
     assert [(s.start_epoch, s.end_epoch, s.batch_size) for s in schedule.stages] == [
-        (0, 6, 128),
-        (6, 9, 512),
-        (9, 12, 1024),
+        (0, 8, 128),
+        (8, 10, 512),
+        (10, 12, 1024),
     ]
-    assert schedule.total_steps(TRAIN_SIZE) <= 374
+    assert schedule.total_steps(TRAIN_SIZE) == 338
     # Linear rule: 4x the batch at a quarter of the multiplier is the same absolute LR; at
     # 1,024 (capped, 2,048 wanted) the multiplier 1/16 is clipped to the space's 0.25.
     assert [s.lr_multiplier for s in schedule.stages] == [1.0, 0.25, 0.25]
@@ -68,7 +72,41 @@ def test_the_increase_recipe_multiplies_the_batch_at_the_cuts_and_keeps_the_lr()
 def test_without_a_constraint_the_recipes_start_at_the_smallest_batch() -> None:
     found = recipes(SPEC.replace(", max_steps: 374", ""))
     assert found[FITTED_CONSTANT].stages[0].batch_size == 32
-    assert found[FITTED_INCREASE].stages[0].batch_size == 32
+    increase = found[FITTED_INCREASE]
+    # No step budget to fill: the skeleton's cuts, at 50 % and 75 % of the run.
+    assert [(s.start_epoch, s.batch_size) for s in increase.stages] == [(0, 32), (6, 128), (9, 512)]
+
+
+def test_a_mean_batch_bound_alone_keeps_the_skeletons_cuts() -> None:
+    found = recipes(SPEC.replace("max_steps: 374", "max_mean_batch_size: 512"))
+    assert [s.start_epoch for s in found[FITTED_INCREASE].stages] == [0, 6, 9]
+
+
+def test_the_increase_recipes_cuts_move_only_as_far_as_the_cap_allows() -> None:
+    """A cap between two cut positions: the recipe takes the later one that still fits, and
+    each schedule with one more epoch before a cut would exceed the cap."""
+    for cap in (300, 320, 340, 360):
+        text = SPEC.replace("max_steps: 374", f"max_steps: {cap}")
+        schedule = recipes(text)[FITTED_INCREASE]
+        steps = schedule.total_steps(TRAIN_SIZE)
+        assert steps <= cap
+        cuts = [s.start_epoch for s in schedule.stages[1:]]
+        assert cuts[0] >= 6, cuts
+        assert cuts[1] >= 9, cuts
+        for i in range(len(cuts)):
+            later = [c + (j == i) for j, c in enumerate(cuts)]
+            if later[-1] > 10 or later[0] >= later[1] - 1:
+                continue  # not a schedule of the space (a stage under 2 epochs)
+            stages = [
+                (st.start_epoch if k == 0 else later[k - 1], st.batch_size)
+                for k, st in enumerate(schedule.stages)
+            ]
+            bounds = [b for b, _ in stages] + [12]
+            more = sum(
+                (bounds[k + 1] - bounds[k]) * (TRAIN_SIZE // size)
+                for k, (_, size) in enumerate(stages)
+            )
+            assert more > cap, (cap, cuts, later, more)
 
 
 def test_every_recipe_is_a_point_of_the_space_within_the_cap() -> None:
@@ -114,7 +152,7 @@ def test_the_searcher_draws_the_recipes_first_and_once(tmp_path: Path) -> None:
     first = [searcher.suggest(f"t{i}") for i in range(3)]
     assert all(isinstance(c, dict) for c in first)
     drawn = [Schedule.from_dict(c["schedule"]).summary() for c in first]  # type: ignore[index]
-    assert drawn[:2] == ["256@0-12", "128@0-6 -> 512@6-9 -> 1024@9-12"]
+    assert drawn[:2] == ["256@0-12", "128@0-8 -> 512@8-10 -> 1024@10-12"]
     assert [c[META_KEY]["candidate"] for c in first] == [  # type: ignore[index]
         FITTED_CONSTANT,
         FITTED_INCREASE,
@@ -186,6 +224,10 @@ def test_adamw_recipes_keep_the_base_lr_and_cool_down_at_the_end() -> None:
     assert sqrt.peak_lr(0) == pytest.approx(0.003 * 8**0.5, rel=0.03)
     increase = found[FITTED_INCREASE]
     assert [s.batch_size for s in increase.stages] == [128, 512, 512]
+    # The first cut moved from epoch 5 to 7 (100 -> 124 of the 128 steps); the second stays
+    # at the skeleton's 8, as moving it adds no step (both stages at 512).
+    assert [s.start_epoch for s in increase.stages] == [0, 7, 8]
+    assert increase.total_steps(2048) == 124
     first, second, _ = (increase.peak_lr(i) for i in range(3))
     assert first == pytest.approx(0.003, rel=0.03)
     # 4x the batch halves the LR; at 512 the space's smallest multiplier is the base LR.
