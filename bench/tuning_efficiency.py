@@ -81,10 +81,9 @@ schedule known (``per_seed`` in the JSON): every trial of a study trains on the 
 the studies of one seed share it, so on a task whose seed-to-seed spread exceeds the
 tolerance (tinylm: 0.08-0.105 nats, a schedule's std over five seeds, against 0.05) a seed
 that is lucky for every schedule sets a best known that the other seeds' studies cannot
-reach. The
-summary line keeps the global measure. ``--cross-seed`` measures that spread: each seed's best
-schedule of the default search retrained on every seed, and the mean over those schedules of
-their standard deviation over the seeds, against the tolerance.
+reach. The summary line keeps the global measure. ``--cross-seed`` measures that spread: each
+seed's best schedule of the default search retrained on every seed, and the mean over those
+schedules of their standard deviation over the seeds, against the tolerance.
 """
 
 from __future__ import annotations

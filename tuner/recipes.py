@@ -62,6 +62,7 @@ single-objective studies get them (a Pareto search has no single step budget to 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Final
 
 from tuner.baselines import DECAY_FACTOR, WARMUP_FRACTION, multiplier_for, skeleton
@@ -91,6 +92,10 @@ RECIPES: Final = (FITTED_CONSTANT, FITTED_INCREASE, FITTED_CONSTANT_SQRT)
 COOLDOWN_FRACTION: Final = 0.2
 
 
+_Build = Callable[[ScheduleSpace, int], Schedule | None]
+_Fill = Callable[[ScheduleSpace, int, Schedule, object, int], Schedule]
+
+
 def recipe_schedules(
     space: ScheduleSpace, objective: object, train_size: int | None
 ) -> list[tuple[str, Schedule]]:
@@ -98,12 +103,13 @@ def recipe_schedules(
     module docstring), in :data:`RECIPES` order. Without the training-set size no step or
     mean-batch constraint can be checked: then a constrained objective gets none."""
     out: list[tuple[str, Schedule]] = []
-    builds = (
-        (FITTED_CONSTANT, _constant),
-        (FITTED_INCREASE, _increase),
-        (FITTED_CONSTANT_SQRT, _constant_sqrt),
+    # (name, the recipe from a start batch, what fits it further to the budget once it fits)
+    builds: tuple[tuple[str, _Build, _Fill | None], ...] = (
+        (FITTED_CONSTANT, _constant, None),
+        (FITTED_INCREASE, _increase, _fill_step_cap),
+        (FITTED_CONSTANT_SQRT, _constant_sqrt, None),
     )
-    for name, build in builds:
+    for name, build, fill in builds:
         for batch in space.batch_sizes:  # the smallest start that meets the constraints
             schedule = build(space, batch)
             if schedule is None:
@@ -113,8 +119,8 @@ def recipe_schedules(
             except ValidationError:  # constrained, and no training-set size to check it
                 return []
             if all(v <= 0 for v in violations.values()):
-                if name == FITTED_INCREASE and train_size is not None:
-                    schedule = _fill_step_cap(space, batch, schedule, objective, train_size)
+                if fill is not None and train_size is not None:
+                    schedule = fill(space, batch, schedule, objective, train_size)
                 # A twin that comes out the same (the square-root rule at the base batch) is
                 # not trained twice.
                 if all(schedule.stages != other.stages for _, other in out):
