@@ -84,8 +84,19 @@ def ensure_ray(num_cpus: int | None = None) -> bool:
     return True
 
 
+def _cpu_model() -> str | None:
+    """The CPU's model name (Linux), else None."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
 def machine_info() -> dict[str, Any]:
-    """What the numbers were measured on, including the load at the time."""
+    """What the numbers were measured on, including the load at the time. The CPU model and
+    the vector instructions torch's CPU kernels use are recorded too: the same run on another
+    CPU can differ in the last digits of every step, and so in its metrics."""
     import torch
 
     load: list[float] | None = None
@@ -95,6 +106,8 @@ def machine_info() -> dict[str, Any]:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": _cpu_model(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
