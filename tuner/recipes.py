@@ -37,6 +37,19 @@ on them like on any other trial, and they are reported beside the baselines unde
   to 5 (46 steps).
 * ``fitted_constant_sqrt`` (AdamW only): ``fitted_constant`` at the square-root rule's LR
   (below).
+* ``fitted_batch_warmup`` (under a step cap only): the critical batch grows fastest early in
+  training (McCandlish et al. 2018; the batch-size warm-up of language-model practice), so
+  the steps a cap allows are best spent early. The space's shortest first stage at the
+  smallest batch with which the run can meet the constraints, at the recipe's scaling
+  rule's LR, then one larger batch to the end: the smallest that meets them (the most
+  steps). Its LR: the study's rule's for SGD and LARS (Goyal's, reached by a warm-up of 5 %
+  of the run), the square-root rule's from the first stage's for AdamW, with the cooldown of
+  warm-up-stable-decay. Measured in-process at ``denoise``'s 51-step cap (validation PSNR,
+  trial seeds 0-3): ``32@0-1 -> 512@1-6 -> 512@6-8``, 46 steps, 26.61 / 27.69 / 28.25 /
+  27.83 dB against ``fitted_increase``'s 25.50 / 27.04 / 26.86 / 25.93 in the same 46 steps;
+  ``mnist1d`` (cap 936): ``32@0-3 -> 512@3-30``, 98.70 / 98.75 % in 711 steps against
+  98.65 / 98.80 % in 915; ``tinylm`` (cap 128): no gain (``32@0-1 -> 512@1-10`` at the base
+  LR 2.90 / 2.57 nats against 2.71 / 2.50).
 
 The recipe's scaling rule: the study's own for SGD and LARS (Goyal's linear rule by
 default). For AdamW no one rule holds: past the gradient noise scale Adam's best LR stops
@@ -75,6 +88,7 @@ from tuner.spec import StageDecay
 
 __all__ = [
     "COOLDOWN_FRACTION",
+    "FITTED_BATCH_WARMUP",
     "FITTED_CONSTANT",
     "FITTED_CONSTANT_SQRT",
     "FITTED_INCREASE",
@@ -86,8 +100,10 @@ FITTED_CONSTANT: Final = "fitted_constant"
 FITTED_INCREASE: Final = "fitted_increase"
 #: AdamW only: the constant recipe at the square-root rule's LR.
 FITTED_CONSTANT_SQRT: Final = "fitted_constant_sqrt"
+#: Under a step cap: a short first stage at the smallest batch, then one large batch.
+FITTED_BATCH_WARMUP: Final = "fitted_batch_warmup"
 #: The recipe candidates, in the order the search trains them.
-RECIPES: Final = (FITTED_CONSTANT, FITTED_INCREASE, FITTED_CONSTANT_SQRT)
+RECIPES: Final = (FITTED_CONSTANT, FITTED_INCREASE, FITTED_CONSTANT_SQRT, FITTED_BATCH_WARMUP)
 #: The cooldown of AdamW's warm-up-stable-decay constant recipe, as a fraction of the run.
 COOLDOWN_FRACTION: Final = 0.2
 
@@ -126,6 +142,9 @@ def recipe_schedules(
                 if all(schedule.stages != other.stages for _, other in out):
                     out.append((name, schedule))
                 break
+    warmup = _batch_warmup(space, objective, train_size)
+    if warmup is not None and all(warmup.stages != other.stages for _, other in out):
+        out.append((FITTED_BATCH_WARMUP, warmup))
     return out
 
 
@@ -259,4 +278,74 @@ def _increase(
                 decay=_decay(space) if last else flat,
             )
         )
+    return space.schedule(stages, label_smoothing=space.label_smoothing[0])
+
+
+def _batch_warmup(
+    space: ScheduleSpace, objective: object, train_size: int | None
+) -> Schedule | None:
+    """The batch warm-up recipe under the objective's step cap (None without one): of the
+    schedules that meet every constraint, a first stage at the smallest batch that fits,
+    then one larger batch to the end; of them, those with the shortest first stage, and of
+    those the one with the most steps (the smallest second batch)."""
+    if getattr(objective, "max_steps", None) is None or train_size is None:
+        return None
+    epochs = space.total_epochs
+    shortest = max(1, space.min_stage_epochs)
+    for first in space.batch_sizes:
+        best: Schedule | None = None
+        best_key: tuple[int, int] | None = None
+        for length in range(shortest, epochs - shortest + 1):
+            if best is not None:
+                break  # a shorter first stage fits
+            for second in (b for b in space.batch_sizes if b > first):
+                schedule = _warmup_schedule(space, first, length, second)
+                if schedule is None or any(
+                    v > 0 for v in constraint_violations(schedule, objective, train_size).values()
+                ):
+                    continue
+                key = (schedule.total_steps(train_size), -second)
+                if best_key is None or key > best_key:
+                    best, best_key = schedule, key
+        if best is not None:
+            return best
+    return None
+
+
+def _warmup_schedule(space: ScheduleSpace, first: int, length: int, second: int) -> Schedule | None:
+    """``first`` for ``length`` epochs at the recipe's scaling rule's LR, then ``second`` to
+    the end: at the study's rule's LR for SGD and LARS (Goyal's, reached by a warm-up), at
+    the square-root rule's from the first stage for AdamW, with its cooldown."""
+    epochs = space.total_epochs
+    if space.stages_max < 2:
+        return None
+    rule, _ = _rules(space)
+    base = space.base_batch_size
+    lr = lr_scale(rule, first, base)  # in units of the base LR
+    if space.optimizer == "adamw":
+        later = lr * lr_scale("sqrt", second, base) / lr_scale("sqrt", first, base)
+    else:
+        later = lr_scale(rule, second, base)
+    flat: StageDecay = "constant" if "constant" in space.decays else space.decays[0]
+    mult = _mult(space, second, later)
+    rest = epochs - length
+    stages = [Stage(0, length, first, _mult(space, first, lr), _warmup(space, length), flat)]
+    cooldown = max(1, space.min_stage_epochs, round(COOLDOWN_FRACTION * epochs))
+    if (
+        space.optimizer == "adamw"
+        and space.stages_max >= 3
+        and rest - cooldown >= space.min_stage_epochs
+        and {"constant", "cosine"} <= set(space.decays)
+    ):
+        stable = epochs - cooldown
+        stages += [
+            Stage(length, stable, second, mult, _warmup(space, stable - length), "constant"),
+            Stage(stable, epochs, second, mult, min(space.warmup_min, cooldown), "cosine"),
+        ]
+    else:
+        stages.append(Stage(length, epochs, second, mult, _warmup(space, rest), _decay(space)))
+    if len(stages) < space.stages_min or any(
+        st.end_epoch - st.start_epoch < space.min_stage_epochs for st in stages
+    ):
+        return None
     return space.schedule(stages, label_smoothing=space.label_smoothing[0])

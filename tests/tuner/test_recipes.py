@@ -11,7 +11,13 @@ import pytest
 from tuner.engine_search import META_KEY, ScheduleSearcher
 from tuner.objectives import StudyObjective
 from tuner.optuna_storage import CANDIDATE_ATTR
-from tuner.recipes import FITTED_CONSTANT, FITTED_CONSTANT_SQRT, FITTED_INCREASE, recipe_schedules
+from tuner.recipes import (
+    FITTED_BATCH_WARMUP,
+    FITTED_CONSTANT,
+    FITTED_CONSTANT_SQRT,
+    FITTED_INCREASE,
+    recipe_schedules,
+)
 from tuner.schedule import Schedule
 from tuner.space import ScheduleSpace, StepCap
 from tuner.spec import StudySpec, TaskDefaults
@@ -149,28 +155,30 @@ def make_searcher(storage: str, recipes_on: bool = True) -> ScheduleSearcher:
 def test_the_searcher_draws_the_recipes_first_and_once(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     searcher = make_searcher(storage)
-    first = [searcher.suggest(f"t{i}") for i in range(3)]
+    first = [searcher.suggest(f"t{i}") for i in range(4)]
     assert all(isinstance(c, dict) for c in first)
     drawn = [Schedule.from_dict(c["schedule"]).summary() for c in first]  # type: ignore[index]
-    assert drawn[:2] == ["256@0-12", "128@0-8 -> 512@8-10 -> 1024@10-12"]
+    assert drawn[:3] == ["256@0-12", "128@0-8 -> 512@8-10 -> 1024@10-12", "32@0-2 -> 1024@2-12"]
     assert [c[META_KEY]["candidate"] for c in first] == [  # type: ignore[index]
         FITTED_CONSTANT,
         FITTED_INCREASE,
+        FITTED_BATCH_WARMUP,
         None,
     ]
     trials = searcher.study.get_trials(deepcopy=False)
     assert [t.user_attrs.get(CANDIDATE_ATTR) for t in trials] == [
         FITTED_CONSTANT,
         FITTED_INCREASE,
+        FITTED_BATCH_WARMUP,
         None,
     ]
-    for i in range(3):
+    for i in range(4):
         searcher.on_trial_complete(
             f"t{i}", {"training_iteration": 12, "val_accuracy": 0.9, "steps": 228}
         )
     # A searcher resuming the same Optuna study does not draw them again.
     again = make_searcher(storage)
-    config = again.suggest("t3")
+    config = again.suggest("t4")
     assert isinstance(config, dict)
     assert config[META_KEY]["candidate"] is None
 
@@ -215,7 +223,12 @@ def test_adamw_recipes_keep_the_base_lr_and_cool_down_at_the_end() -> None:
     # A point the sampler can draw under the step cap (the searcher enqueues it so).
     assert space.params_for(constant, StepCap.of(spec.objective, 2048)) is not None
     # The same recipe again at the square-root rule's LR (a base LR below Adam's edge).
-    assert list(found) == [FITTED_CONSTANT, FITTED_INCREASE, FITTED_CONSTANT_SQRT]
+    assert list(found) == [
+        FITTED_CONSTANT,
+        FITTED_INCREASE,
+        FITTED_CONSTANT_SQRT,
+        FITTED_BATCH_WARMUP,
+    ]
     sqrt = found[FITTED_CONSTANT_SQRT]
     assert [(st.start_epoch, st.batch_size, st.decay) for st in sqrt.stages] == [
         (0, 256, "constant"),
@@ -250,7 +263,8 @@ def test_sgd_recipes_keep_the_studys_rule() -> None:
     spec = StudySpec.from_yaml(ADAMW_SPEC)
     space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
     found = dict(recipe_schedules(space, spec.objective, 2048))
-    assert list(found) == [FITTED_CONSTANT, FITTED_INCREASE]  # no square-root twin
+    # No square-root twin.
+    assert list(found) == [FITTED_CONSTANT, FITTED_INCREASE, FITTED_BATCH_WARMUP]
     (constant,) = found[FITTED_CONSTANT].stages
     assert constant.lr_multiplier == 1.0
 
@@ -263,3 +277,51 @@ def test_the_square_root_twin_is_left_out_where_it_is_the_same_schedule() -> Non
     found = dict(recipe_schedules(space, spec.objective, 2048))
     assert list(found) == [FITTED_CONSTANT, FITTED_INCREASE]
     assert found[FITTED_CONSTANT].stages[0].batch_size == 32
+
+
+def test_the_batch_warmup_recipe_spends_a_short_first_stage_at_the_smallest_batch() -> None:
+    """Under a step cap: the space's shortest first stage at the smallest batch, then the
+    smallest batch with which the run fits the cap (the most steps), at the study's rule's LR
+    for SGD: mnist1d's space (2-epoch minimum stage) spends 2 x 156 = 312 of its 374 steps
+    there, then 10 x 4 at batch 1,024 (512 would take 10 x 9 more: 402)."""
+    schedule = recipes(SPEC)[FITTED_BATCH_WARMUP]
+    assert [(s.start_epoch, s.end_epoch, s.batch_size) for s in schedule.stages] == [
+        (0, 2, 32),
+        (2, 12, 1024),
+    ]
+    assert schedule.total_steps(TRAIN_SIZE) == 352
+    first, second = schedule.stages
+    assert first.lr_multiplier == second.lr_multiplier == 1.0  # the linear rule's LR
+    assert first.decay == "constant"
+    assert second.decay == "cosine"
+    assert second.warmup_epochs == pytest.approx(0.6)  # Goyal's 5 % of the run
+    # A cap the smallest batch cannot start within: the next batch up.
+    tight = recipes(SPEC.replace("max_steps: 374", "max_steps: 200"))[FITTED_BATCH_WARMUP]
+    assert [s.batch_size for s in tight.stages] == [64, 1024]
+    assert tight.total_steps(TRAIN_SIZE) <= 200
+
+
+def test_the_batch_warmup_recipe_needs_a_step_cap() -> None:
+    assert FITTED_BATCH_WARMUP not in recipes(SPEC.replace(", max_steps: 374", ""))
+    assert FITTED_BATCH_WARMUP not in recipes(
+        SPEC.replace("max_steps: 374", "max_mean_batch_size: 512")
+    )
+    one_stage = recipes(SPEC.replace("stages: {min: 1, max: 4}", "stages: {min: 1, max: 1}"))
+    assert FITTED_BATCH_WARMUP not in one_stage
+
+
+def test_adamw_batch_warmup_grows_the_lr_by_the_square_root_rule_and_cools_down() -> None:
+    """For AdamW the large batch takes the square-root rule's LR from the first stage's
+    (16x the batch: 4x the LR), held, then the cooldown of warm-up-stable-decay."""
+    spec = StudySpec.from_yaml(ADAMW_SPEC)
+    space = ScheduleSpace.from_spec(spec.resolve(ADAMW))
+    schedule = dict(recipe_schedules(space, spec.objective, 2048))[FITTED_BATCH_WARMUP]
+    assert [(s.start_epoch, s.batch_size, s.decay) for s in schedule.stages] == [
+        (0, 32, "constant"),
+        (1, 512, "constant"),
+        (8, 512, "cosine"),
+    ]
+    assert schedule.total_steps(2048) == 100  # 64 + 9 x 4; 256 after the first would be 136
+    assert schedule.peak_lr(0) == pytest.approx(0.003, rel=0.03)
+    assert schedule.peak_lr(1) == schedule.peak_lr(2) == pytest.approx(0.012, rel=0.03)
+    assert space.params_for(schedule, StepCap.of(spec.objective, 2048)) is not None
