@@ -184,19 +184,9 @@ def _constant(space: ScheduleSpace, batch: int, rule: ScalingRule | None = None)
     rule = rule or _rules(space)[0]
     mult = _mult(space, batch, lr_scale(rule, batch, space.base_batch_size))
     smoothing = space.label_smoothing[0]
-    cooldown = max(1, space.min_stage_epochs, round(COOLDOWN_FRACTION * epochs))
-    stable = epochs - cooldown
-    if (
-        space.optimizer == "adamw"
-        and space.stages_min <= 2 <= space.stages_max
-        and stable >= space.min_stage_epochs
-        and {"constant", "cosine"} <= set(space.decays)
-    ):
-        stages = [
-            Stage(0, stable, batch, mult, _warmup(space, stable), "constant"),
-            Stage(stable, epochs, batch, mult, min(space.warmup_min, cooldown), _decay(space)),
-        ]
-        return space.schedule(stages, label_smoothing=smoothing)
+    wsd = _stable_then_cooldown(space, 0, batch, mult, stages_before=0)
+    if wsd is not None:
+        return space.schedule(wsd, label_smoothing=smoothing)
     if space.stages_min > 1:
         return None  # one batch is one stage; a space that wants more stages cannot draw it
     stage = Stage(
@@ -281,34 +271,48 @@ def _increase(
     return space.schedule(stages, label_smoothing=space.label_smoothing[0])
 
 
+def _stable_then_cooldown(
+    space: ScheduleSpace, start: int, batch: int, mult: float, stages_before: int
+) -> list[Stage] | None:
+    """AdamW's warm-up-stable-decay from epoch ``start`` to the end of the run at ``batch``:
+    the LR warmed up to and held, then a cooldown to zero over the last
+    :data:`COOLDOWN_FRACTION` of the run, as two stages. None for another optimizer, or where
+    the space cannot draw them after ``stages_before`` stages."""
+    epochs = space.total_epochs
+    cooldown = max(1, space.min_stage_epochs, round(COOLDOWN_FRACTION * epochs))
+    stable = epochs - cooldown
+    if (
+        space.optimizer != "adamw"
+        or not space.stages_min <= stages_before + 2 <= space.stages_max
+        or stable - start < space.min_stage_epochs
+        or not {"constant", "cosine"} <= set(space.decays)
+    ):
+        return None
+    return [
+        Stage(start, stable, batch, mult, _warmup(space, stable - start), "constant"),
+        Stage(stable, epochs, batch, mult, min(space.warmup_min, cooldown), "cosine"),
+    ]
+
+
 def _batch_warmup(
     space: ScheduleSpace, objective: object, train_size: int | None
 ) -> Schedule | None:
-    """The batch warm-up recipe under the objective's step cap (None without one): of the
-    schedules that meet every constraint, a first stage at the smallest batch that fits,
-    then one larger batch to the end; of them, those with the shortest first stage, and of
-    those the one with the most steps (the smallest second batch)."""
+    """The batch warm-up recipe under the objective's step cap (None without one): the first
+    schedule that meets every constraint, trying the smallest first batch, then the shortest
+    first stage, then the smallest second batch (for a given first stage, the most steps)."""
     if getattr(objective, "max_steps", None) is None or train_size is None:
         return None
-    epochs = space.total_epochs
+    if space.stages_max < 2:
+        return None
     shortest = max(1, space.min_stage_epochs)
     for first in space.batch_sizes:
-        best: Schedule | None = None
-        best_key: tuple[int, int] | None = None
-        for length in range(shortest, epochs - shortest + 1):
-            if best is not None:
-                break  # a shorter first stage fits
+        for length in range(shortest, space.total_epochs - shortest + 1):
             for second in (b for b in space.batch_sizes if b > first):
                 schedule = _warmup_schedule(space, first, length, second)
-                if schedule is None or any(
-                    v > 0 for v in constraint_violations(schedule, objective, train_size).values()
+                if schedule is not None and all(
+                    v <= 0 for v in constraint_violations(schedule, objective, train_size).values()
                 ):
-                    continue
-                key = (schedule.total_steps(train_size), -second)
-                if best_key is None or key > best_key:
-                    best, best_key = schedule, key
-        if best is not None:
-            return best
+                    return schedule
     return None
 
 
@@ -317,8 +321,6 @@ def _warmup_schedule(space: ScheduleSpace, first: int, length: int, second: int)
     the end: at the study's rule's LR for SGD and LARS (Goyal's, reached by a warm-up), at
     the square-root rule's from the first stage for AdamW, with its cooldown."""
     epochs = space.total_epochs
-    if space.stages_max < 2:
-        return None
     rule, _ = _rules(space)
     base = space.base_batch_size
     lr = lr_scale(rule, first, base)  # in units of the base LR
@@ -328,21 +330,12 @@ def _warmup_schedule(space: ScheduleSpace, first: int, length: int, second: int)
         later = lr_scale(rule, second, base)
     flat: StageDecay = "constant" if "constant" in space.decays else space.decays[0]
     mult = _mult(space, second, later)
-    rest = epochs - length
     stages = [Stage(0, length, first, _mult(space, first, lr), _warmup(space, length), flat)]
-    cooldown = max(1, space.min_stage_epochs, round(COOLDOWN_FRACTION * epochs))
-    if (
-        space.optimizer == "adamw"
-        and space.stages_max >= 3
-        and rest - cooldown >= space.min_stage_epochs
-        and {"constant", "cosine"} <= set(space.decays)
-    ):
-        stable = epochs - cooldown
-        stages += [
-            Stage(length, stable, second, mult, _warmup(space, stable - length), "constant"),
-            Stage(stable, epochs, second, mult, min(space.warmup_min, cooldown), "cosine"),
-        ]
+    wsd = _stable_then_cooldown(space, length, second, mult, stages_before=1)
+    if wsd is not None:
+        stages += wsd
     else:
+        rest = epochs - length
         stages.append(Stage(length, epochs, second, mult, _warmup(space, rest), _decay(space)))
     if len(stages) < space.stages_min or any(
         st.end_epoch - st.start_epoch < space.min_stage_epochs for st in stages
