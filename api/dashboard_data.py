@@ -81,6 +81,7 @@ BASELINE_LABELS: Final[Mapping[str, str]] = {
     "fitted_constant": "budget-fitted constant batch",
     "fitted_increase": "budget-fitted increase batch",
     "fitted_constant_sqrt": "budget-fitted constant batch, square-root LR",
+    "fitted_batch_warmup": "budget-fitted batch warm-up",
 }
 
 #: An incremental poll (``since``) re-sends trials finished this long before ``since``

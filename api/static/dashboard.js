@@ -31,6 +31,7 @@
     fitted_constant: "budget-fitted constant batch",
     fitted_increase: "budget-fitted increase batch",
     fitted_constant_sqrt: "budget-fitted constant batch, square-root LR",
+    fitted_batch_warmup: "budget-fitted batch warm-up",
   };
   var PLOT_CONFIG = {
     displaylogo: false,

@@ -354,3 +354,20 @@ def test_a_search_lane_names_the_trial_a_fork_or_a_clone_took_its_epochs_from() 
     assert lane["origin"] == ("epochs 1-2 cloned from #4 (PBT); epochs 3-4 cloned from #3 (PBT)")
     plain = dd.search_lane(trials[0], [dd.EpochOrigin(e) for e in range(3)], trials)
     assert plain == {"segments": [[0, 3, "own", None]], "probes": [], "origin": None}
+
+
+def test_every_named_candidate_has_a_display_label_in_both_views() -> None:
+    """The baselines, the recipe candidates and the noise-scale candidate are shown by name in
+    the server-rendered tables and in the browser's plots; a new one without a label would be
+    shown by its identifier in one view and described in the other."""
+    from pathlib import Path
+
+    from tuner.noise_candidate import NOISE_SCALE
+    from tuner.recipes import RECIPES
+    from tuner.spec import BASELINE_NAMES
+
+    names = {*BASELINE_NAMES, *RECIPES, NOISE_SCALE}
+    assert names <= set(dd.BASELINE_LABELS), names - set(dd.BASELINE_LABELS)
+    js = (Path(dd.__file__).parent / "static" / "dashboard.js").read_text("utf-8")
+    for name, label in dd.BASELINE_LABELS.items():
+        assert f'{name}: "{label}"' in js, name
