@@ -279,11 +279,12 @@ def test_the_square_root_twin_is_left_out_where_it_is_the_same_schedule() -> Non
     assert found[FITTED_CONSTANT].stages[0].batch_size == 32
 
 
-def test_the_batch_warmup_recipe_spends_a_short_first_stage_at_the_smallest_batch() -> None:
-    """Under a step cap: the space's shortest first stage at the smallest batch, then the
-    smallest batch with which the run fits the cap (the most steps), at the study's rule's LR
-    for SGD: mnist1d's space (2-epoch minimum stage) spends 2 x 156 = 312 of its 374 steps
-    there, then 10 x 4 at batch 1,024 (512 would take 10 x 9 more: 402)."""
+def test_the_batch_warmup_recipe_spends_a_short_first_stage_on_the_most_steps() -> None:
+    """Under a step cap: the space's shortest first stage, then a larger batch to the end,
+    the pair of batches with which the run takes the most steps within the cap, at the study's
+    rule's LR for SGD: mnist1d's space (2-epoch minimum stage) spends 2 x 156 = 312 of its 374
+    steps at batch 32, then 10 x 4 at 1,024 (352; 512 after it would take 402, and 64 -> 512
+    takes 246)."""
     schedule = recipes(SPEC)[FITTED_BATCH_WARMUP]
     assert [(s.start_epoch, s.end_epoch, s.batch_size) for s in schedule.stages] == [
         (0, 2, 32),
@@ -301,6 +302,22 @@ def test_the_batch_warmup_recipe_spends_a_short_first_stage_at_the_smallest_batc
     assert tight.total_steps(TRAIN_SIZE) <= 200
 
 
+def test_the_batch_warmup_recipe_trades_a_larger_first_batch_for_a_smaller_second() -> None:
+    """mnist1d's 30-epoch space under a 936-step cap (3-epoch minimum stage): 32 first leaves
+    only 512 after it (468 + 27 x 9 = 711; 256 would take 981), 64 first leaves 256 (234 +
+    27 x 19 = 747). The recipe takes the most steps, so the smaller batch for 27 of the 30
+    epochs: in fresh-seed retrains 98.81 +/- 0.07 % test against 98.77 +/- 0.08 %."""
+    text = SPEC.replace("total_epochs: 12", "total_epochs: 30").replace("374", "936")
+    schedule = recipes(text)[FITTED_BATCH_WARMUP]
+    assert [(s.start_epoch, s.end_epoch, s.batch_size) for s in schedule.stages] == [
+        (0, 3, 64),
+        (3, 30, 256),
+    ]
+    assert schedule.total_steps(TRAIN_SIZE) == 747
+    # The LR of the linear rule at each batch: 2x and 8x the base LR.
+    assert [schedule.peak_lr(i) for i in (0, 1)] == pytest.approx([0.2, 0.8])
+
+
 def test_the_batch_warmup_recipe_needs_a_step_cap() -> None:
     assert FITTED_BATCH_WARMUP not in recipes(SPEC.replace(", max_steps: 374", ""))
     assert FITTED_BATCH_WARMUP not in recipes(
@@ -312,16 +329,18 @@ def test_the_batch_warmup_recipe_needs_a_step_cap() -> None:
 
 def test_adamw_batch_warmup_grows_the_lr_by_the_square_root_rule_and_cools_down() -> None:
     """For AdamW the large batch takes the square-root rule's LR from the first stage's
-    (16x the batch: 4x the LR), held, then the cooldown of warm-up-stable-decay."""
+    (4x the batch: 2x the LR), held, then the cooldown of warm-up-stable-decay. tinylm's cap
+    (128 steps of 2,048 sequences): 64 -> 256 takes 104 steps, 32 -> 512 100; measured on 5
+    fresh seeds, 2.52 +/- 0.19 nats test loss against 2.71 +/- 0.26."""
     spec = StudySpec.from_yaml(ADAMW_SPEC)
     space = ScheduleSpace.from_spec(spec.resolve(ADAMW))
     schedule = dict(recipe_schedules(space, spec.objective, 2048))[FITTED_BATCH_WARMUP]
     assert [(s.start_epoch, s.batch_size, s.decay) for s in schedule.stages] == [
-        (0, 32, "constant"),
-        (1, 512, "constant"),
-        (8, 512, "cosine"),
+        (0, 64, "constant"),
+        (1, 256, "constant"),
+        (8, 256, "cosine"),
     ]
-    assert schedule.total_steps(2048) == 100  # 64 + 9 x 4; 256 after the first would be 136
+    assert schedule.total_steps(2048) == 104  # 32 + 9 x 8; 32 -> 256 would be 136
     assert schedule.peak_lr(0) == pytest.approx(0.003, rel=0.03)
-    assert schedule.peak_lr(1) == schedule.peak_lr(2) == pytest.approx(0.012, rel=0.03)
+    assert schedule.peak_lr(1) == schedule.peak_lr(2) == pytest.approx(0.006, rel=0.03)
     assert space.params_for(schedule, StepCap.of(spec.objective, 2048)) is not None
