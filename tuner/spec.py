@@ -534,7 +534,7 @@ class Budget(_Model):
         "with which the run meets the objective's constraints (max_steps), the LR by the "
         "scaling rule (for AdamW the base LR, and the constant batch once more at the "
         "square-root rule's LR), a decay at the end; under a step cap also a batch warm-up "
-        "(the shortest first stage at the smallest batch, then one larger batch). They seed "
+        "(a short first stage, then one larger batch: the pair with the most steps). They seed "
         "the sampler and are reported beside the baselines (fitted_constant, fitted_increase, "
         "fitted_constant_sqrt, fitted_batch_warmup). "
         "Single-objective studies with the optuna or stagewise search.",
