@@ -85,7 +85,7 @@ from tuner.objectives import (
 from tuner.pbt import LINEAGE_KEY, SchedulePBT, initial_schedules, pbt_interval
 from tuner.prefixes import PrefixStore
 from tuner.schedule import Schedule
-from tuner.seeds import SeedStats, finalists, fresh_seeds, reserves, seed_stats
+from tuner.seeds import SeedStats, finalists, fresh_seeds, pick, reserves, seed_stats
 from tuner.space import ScheduleSpace, check_feasible, constraint_violations
 from tuner.spec import AccuracyObjective, ResolvedSpec
 from tuner.trial_config import STOP_AFTER_KEY, TrialConfig
@@ -1036,10 +1036,20 @@ class TuningEngine:
         budget = self.resolved.spec.budget
         chosen = finalists(outcomes, self.objective, budget.finalists)
         stats = self._train_on_seeds(chosen, seeds, self.seed_experiment_path, reserve=False)
-        extra = reserves(outcomes, self.objective, stats, budget.reserve_finalists)
+        open_slots = budget.finalists - sum(1 for o in chosen if o.baseline is None)
+        extra = reserves(
+            outcomes, self.objective, stats, budget.reserve_finalists, open_slots=open_slots
+        )
         if extra and not (self.should_stop is not None and self.should_stop()):
+            picked = pick(stats, self.objective)
+            why = (
+                "the pick's seed runs disagree"
+                if picked is not None and (picked.unstable or picked.failed)
+                else f"{open_slots} finalist place(s) empty (too few tuned trials ran to the end)"
+            )
             log.info(
-                "the pick's seed runs disagree; %d reserve(s) train on the fresh seeds: %s",
+                "%s; %d reserve(s) train on the fresh seeds: %s",
+                why,
                 len(extra),
                 ", ".join(str(o.number) for o in extra),
             )

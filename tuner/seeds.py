@@ -21,7 +21,10 @@ Up to ``reserve_finalists`` more tuned schedules then train on the same fresh se
 (:func:`reserves`): those whose evidence in the search (their last cooldown-probe score, else
 their last value of the metric, oriented so that larger is better) beats the pick's mean,
 the longest-trained first. The pick is
-then made among all of them.
+then made among all of them. Reserves also fill the finalist places a study left empty: when
+fewer tuned trials ran to the end than ``finalists`` asks for (ASHA stopped the others), a
+stable pick would otherwise be compared with nothing; up to that many reserves (and at most
+``reserve_finalists``) train then, on the same rule.
 
 This module is pure: the engine trains the runs and hands their outcomes here.
 """
@@ -204,14 +207,22 @@ def reserves(
     objective: StudyObjective,
     stats: Sequence[SeedStats],
     n: int,
+    *,
+    open_slots: int = 0,
 ) -> list[TrialOutcome]:
     """Up to ``n`` more tuned trials to train on the fresh seeds when the finalists' pick is
-    unstable (none otherwise): tuned trials that completed or were stopped early, are not
+    unstable, or up to ``min(n, open_slots)`` when it is stable but finalist places were left
+    empty (fewer tuned trials ran to the end than ``budget.finalists`` asks for: ASHA stopped
+    the rest), none otherwise: tuned trials that completed or were stopped early, are not
     finalists yet, and whose evidence (:func:`_evidence`) beats the pick's mean metric; the
     ones trained longest first, then by evidence."""
     chosen = pick(stats, objective)
-    if n <= 0 or chosen is None or not (chosen.unstable or chosen.failed):
+    if n <= 0 or chosen is None:
         return []
+    if not (chosen.unstable or chosen.failed):
+        n = min(n, open_slots)
+        if n <= 0:
+            return []
     mean = objective.score_of(chosen.accuracy_mean)
     bar = mean if mean is not None else -math.inf
     tried = {s.number for s in stats}

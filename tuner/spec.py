@@ -566,7 +566,8 @@ class Budget(_Model):
         "or a run did not complete), up to this many more tuned schedules train on the same "
         "fresh seeds before the pick: those whose search evidence (last cooldown-probe score, "
         "else accuracy) beats the pick's mean, schedules the search stopped early included. "
-        "0: never.",
+        "They also fill the finalist places left empty when fewer tuned schedules than "
+        "`finalists` ran to the end (ASHA stopped the rest), on the same rule. 0: never.",
     )
     max_failures: int = Field(
         strict=True,

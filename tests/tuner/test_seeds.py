@@ -171,6 +171,33 @@ def test_reserves_train_only_when_the_pick_is_unstable() -> None:
     assert [o.number for o in reserves(pool, obj, broken, 1)] == [7]
 
 
+def test_reserves_fill_the_finalist_places_a_stable_pick_left_empty() -> None:
+    """ASHA let one tuned schedule run to the end, so the stable pick has no tuned rival: the
+    stopped schedules rated above its mean fill the empty finalist places (at most
+    ``reserve_finalists``); with every place taken, a stable pick sends none."""
+    obj = objective()
+    only = outcome(3, 0.99)
+    stopped_late = _with(outcome(7, 0.97, status="stopped"), epochs_done=3, score=0.978)
+    stopped_early = _with(outcome(8, 0.98, status="stopped"), epochs_done=1, score=0.985)
+    below = _with(outcome(9, 0.90, status="stopped"), epochs_done=5, score=0.95)
+    pool = [only, stopped_late, stopped_early, below]
+    stable = [
+        seed_stats(only, {10: outcome(3, 0.974), 11: outcome(3, 0.97), 12: outcome(3, 0.972)}, S)
+    ]
+    assert not stable[0].unstable
+    assert not stable[0].failed
+    assert reserves(pool, obj, stable, 2) == []  # every finalist place taken
+    assert [o.number for o in reserves(pool, obj, stable, 2, open_slots=1)] == [7]
+    assert [o.number for o in reserves(pool, obj, stable, 2, open_slots=3)] == [7, 8]
+    assert reserves(pool, obj, stable, 0, open_slots=1) == []  # reserve_finalists: 0, never
+    # An unstable pick still sends up to reserve_finalists, whatever places are empty (its
+    # lower mean, 0.937, lets trial 9's 0.95 in: the longest-trained first).
+    unstable = [
+        seed_stats(only, {10: outcome(3, 0.98), 11: outcome(3, 0.86), 12: outcome(3, 0.97)}, S)
+    ]
+    assert [o.number for o in reserves(pool, obj, unstable, 2, open_slots=1)] == [9, 7]
+
+
 def test_a_reserve_picked_on_its_seed_runs_reports_the_whole_schedules_figures() -> None:
     """A reserve the search stopped after 1 epoch wins on the fresh seeds: the result row shows
     its seed runs' means (accuracy, steps), not the stopped run's, and the note says what it
