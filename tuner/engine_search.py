@@ -77,7 +77,7 @@ from tuner.optuna_storage import (
     STAGE_ROUND_ATTR,
     open_storage,
 )
-from tuner.recipes import recipe_schedules
+from tuner.recipes import LR_VARIANTS, RECIPES, lr_variants, recipe_schedules
 from tuner.schedule import Schedule
 from tuner.space import ScheduleSpace, StepCap, constraint_violations
 from tuner.trial_config import STOP_AFTER_KEY
@@ -89,6 +89,7 @@ __all__ = [
     "LIVE_RUNS",
     "MAX_DRAWS",
     "META_KEY",
+    "VARIANT_SHARE",
     "FixedTrials",
     "LiveRun",
     "PriorTrial",
@@ -103,6 +104,8 @@ log = logging.getLogger(__name__)
 META_KEY: Final = "stagetune"
 #: Consecutive infeasible draws after which the study fails (the constraint is too tight).
 MAX_DRAWS: Final = 200
+#: The LR variants of the best recipe take at most one of this many tuned trials.
+VARIANT_SHARE: Final = 6
 
 
 @dataclass(frozen=True)
@@ -241,6 +244,9 @@ class ScheduleSearcher(Searcher):
         # (None: not looked up yet; the Optuna study says which a resumed run drew already).
         self._recipes = recipes and not objective.is_multi
         self._recipe_queue: list[tuple[str, dict[str, Any]]] | None = None
+        # The LR bracket around the best recipe (tuner.recipes.lr_variants), planned once
+        # every recipe trial has finished (None: not planned yet).
+        self._variant_queue: list[tuple[str, dict[str, Any]]] | None = None
         # The stage-wise search: (candidates per round, prefixes kept), and its rounds.
         if stagewise is not None and not 1 <= stagewise[1] <= stagewise[0]:
             raise ValueError(f"stagewise needs 1 <= keep <= candidates, not {stagewise}")
@@ -456,6 +462,9 @@ class ScheduleSearcher(Searcher):
                 self._candidate = None
             elif attempt == 0 and self._pending_recipes():
                 name, params = self._pending_recipes().pop(0)
+                self.study.enqueue_trial(params, user_attrs={CANDIDATE_ATTR: name})
+            elif attempt == 0 and self._pending_variants():
+                name, params = self._pending_variants().pop(0)
                 self.study.enqueue_trial(params, user_attrs={CANDIDATE_ATTR: name})
             elif attempt < 3 and self._stagewise is None:
                 self._enqueue_prefix(number, attempt)
@@ -753,6 +762,43 @@ class ScheduleSearcher(Searcher):
                     log.info("%s candidate: %s", name, schedule.summary())
                     self._recipe_queue.append((name, params))
         return self._recipe_queue
+
+    def _pending_variants(self) -> list[tuple[str, dict[str, Any]]]:
+        """The LR variants of the best recipe still to draw (:func:`tuner.recipes.lr_variants`),
+        as Optuna parameters: none until every recipe trial of this run has finished (the
+        best is ranked as prefix reuse ranks parents: the furthest epoch reached, then its
+        score there), at most one per :data:`VARIANT_SHARE` tuned trials of the budget (a
+        small budget is not spent on one recipe's neighbourhood), none in the stage-wise
+        search; those a resumed study drew before its restart are left out."""
+        if self._variant_queue is not None:
+            return self._variant_queue
+        if not self._recipes or self._stagewise is not None or self._pending_recipes():
+            return []
+        recipes = [(tid, meta) for tid, meta in self._trials.items() if meta.candidate in RECIPES]
+        if not recipes or any(tid not in self._finished for tid, _ in recipes):
+            return []
+        self._variant_queue = []
+        ranked = []
+        for tid, meta in recipes:
+            _, score, at = self._progress.get(tid, (0, None, 0))
+            if score is not None and math.isfinite(score):
+                ranked.append((at, score, -meta.number, meta))
+        if not ranked:
+            return self._variant_queue
+        best = max(ranked, key=lambda r: r[:3])[3]
+        drawn = {t.user_attrs.get(CANDIDATE_ATTR) for t in self.study.get_trials(deepcopy=False)}
+        schedule = self._space.sample(optuna.trial.FixedTrial(best.params), self._cap)
+        tuned = None if self._budget is None else self._budget - len(self._baselines)
+        allowed = len(LR_VARIANTS) if tuned is None else tuned // VARIANT_SHARE
+        for name, variant in lr_variants(self._space, schedule)[:allowed]:
+            if name in drawn:
+                continue
+            params = self._space.params_for(variant, self._cap)
+            if params is None:
+                continue
+            log.info("%s candidate (of %s): %s", name, best.candidate, variant.summary())
+            self._variant_queue.append((name, params))
+        return self._variant_queue
 
     @property
     def noise_scale(self) -> dict[int, float]:

@@ -32,6 +32,9 @@
     fitted_increase: "budget-fitted increase batch",
     fitted_constant_sqrt: "budget-fitted constant batch, square-root LR",
     fitted_batch_warmup: "budget-fitted batch warm-up",
+    recipe_lr_half: "best recipe at half the LR",
+    recipe_first_lr_double: "best recipe at twice the first stage's LR",
+    recipe_lr_double: "best recipe at twice the LR",
   };
   var PLOT_CONFIG = {
     displaylogo: false,

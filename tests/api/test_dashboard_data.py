@@ -363,10 +363,10 @@ def test_every_named_candidate_has_a_display_label_in_both_views() -> None:
     from pathlib import Path
 
     from tuner.noise_candidate import NOISE_SCALE
-    from tuner.recipes import RECIPES
+    from tuner.recipes import LR_VARIANTS, RECIPES
     from tuner.spec import BASELINE_NAMES
 
-    names = {*BASELINE_NAMES, *RECIPES, NOISE_SCALE}
+    names = {*BASELINE_NAMES, *RECIPES, *LR_VARIANTS, NOISE_SCALE}
     assert names <= set(dd.BASELINE_LABELS), names - set(dd.BASELINE_LABELS)
     js = (Path(dd.__file__).parent / "static" / "dashboard.js").read_text("utf-8")
     for name, label in dd.BASELINE_LABELS.items():

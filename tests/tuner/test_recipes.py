@@ -3,6 +3,7 @@ searcher first as ordinary (enqueued) points of the space, once per study."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -16,6 +17,11 @@ from tuner.recipes import (
     FITTED_CONSTANT,
     FITTED_CONSTANT_SQRT,
     FITTED_INCREASE,
+    LR_VARIANTS,
+    RECIPE_FIRST_LR_DOUBLE,
+    RECIPE_LR_DOUBLE,
+    RECIPE_LR_HALF,
+    lr_variants,
     recipe_schedules,
 )
 from tuner.schedule import Schedule
@@ -137,7 +143,9 @@ def test_a_constrained_objective_without_the_training_size_gets_none() -> None:
     assert recipes(SPEC, train_size=None) == {}
 
 
-def make_searcher(storage: str, recipes_on: bool = True) -> ScheduleSearcher:
+def make_searcher(
+    storage: str, recipes_on: bool = True, budget: int | None = None
+) -> ScheduleSearcher:
     spec = StudySpec.from_yaml(SPEC)
     resolved = spec.resolve(DEFAULTS)
     return ScheduleSearcher(
@@ -149,6 +157,7 @@ def make_searcher(storage: str, recipes_on: bool = True) -> ScheduleSearcher:
         startup_trials=3,
         train_size=TRAIN_SIZE,
         recipes=recipes_on,
+        budget=budget,
     )
 
 
@@ -344,3 +353,99 @@ def test_adamw_batch_warmup_grows_the_lr_by_the_square_root_rule_and_cools_down(
     assert schedule.peak_lr(0) == pytest.approx(0.003, rel=0.03)
     assert schedule.peak_lr(1) == schedule.peak_lr(2) == pytest.approx(0.006, rel=0.03)
     assert space.params_for(schedule, StepCap.of(spec.objective, 2048)) is not None
+
+
+def test_the_lr_variants_bracket_a_schedules_lr_and_keep_everything_else() -> None:
+    """The first stage's multiplier alone doubled, every stage's halved, every stage's doubled;
+    batches, stages, warm-ups and decays stay; on the space's grid and within its range."""
+    spec = StudySpec.from_yaml(SPEC)
+    space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
+    recipe = recipes(SPEC)[FITTED_INCREASE]
+    variants = dict(lr_variants(space, recipe))
+    assert list(variants) == list(LR_VARIANTS)
+    mults = [st.lr_multiplier for st in recipe.stages]
+    low, high = space.lr_mult_min, space.lr_mult_max
+    assert mults == [1.0, 0.25, 0.25]  # the later stages at the range's bottom
+
+    def lrs(name: str) -> list[float]:
+        return [st.lr_multiplier for st in variants[name].stages]
+
+    assert lrs(RECIPE_FIRST_LR_DOUBLE) == [2.0, 0.25, 0.25]
+    assert lrs(RECIPE_LR_HALF) == [0.5, 0.25, 0.25] == [max(low, m / 2) for m in mults]
+    assert lrs(RECIPE_LR_DOUBLE) == [2.0, 0.5, 0.5] == [min(high, 2 * m) for m in mults]
+    for variant in variants.values():
+        assert [
+            (st.start_epoch, st.end_epoch, st.batch_size, st.warmup_epochs, st.decay)
+            for st in variant.stages
+        ] == [
+            (st.start_epoch, st.end_epoch, st.batch_size, st.warmup_epochs, st.decay)
+            for st in recipe.stages
+        ]
+        assert space.params_for(variant, StepCap.of(spec.objective, TRAIN_SIZE)) is not None
+
+
+def test_an_lr_variant_equal_to_the_schedule_or_an_earlier_one_is_left_out() -> None:
+    """One stage: doubling the first stage is doubling every stage (once); at the range's top
+    doubling changes nothing (left out), halving still does."""
+    spec = StudySpec.from_yaml(SPEC)
+    space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
+    one = recipes(SPEC)[FITTED_CONSTANT]
+    assert len(one.stages) == 1
+    assert [name for name, _ in lr_variants(space, one)] == [RECIPE_FIRST_LR_DOUBLE, RECIPE_LR_HALF]
+    top = replace(
+        one, stages=tuple(replace(st, lr_multiplier=space.lr_mult_max) for st in one.stages)
+    )
+    assert [name for name, _ in lr_variants(space, top)] == [RECIPE_LR_HALF]
+
+
+def _finish(searcher: ScheduleSearcher, trial_id: str, score: float, epochs: int = 12) -> None:
+    result = {"training_iteration": epochs, "val_accuracy": score, "score": score, "steps": 300}
+    searcher.on_trial_result(trial_id, result)
+    searcher.on_trial_complete(trial_id, result)
+
+
+def test_once_the_recipes_have_trained_the_best_ones_lr_variants_come_next(
+    tmp_path: Path,
+) -> None:
+    """The recipes first; while one is still training the sampler draws; once all have
+    finished, the best one's LR variants (by the furthest epoch reached, then the score), once
+    each, then the sampler again."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    searcher = make_searcher(storage)
+    first = [searcher.suggest(f"t{i}") for i in range(3)]
+    names = [c[META_KEY]["candidate"] for c in first]  # type: ignore[index]
+    assert names == [FITTED_CONSTANT, FITTED_INCREASE, FITTED_BATCH_WARMUP]
+    _finish(searcher, "t0", 0.95)
+    _finish(searcher, "t2", 0.99, epochs=3)  # stopped early: ranked below a whole run
+    # t1 is still training: no variants yet.
+    drawn = searcher.suggest("t3")
+    assert drawn[META_KEY]["candidate"] is None  # type: ignore[index]
+    _finish(searcher, "t1", 0.97)
+    best = Schedule.from_dict(first[1]["schedule"])  # type: ignore[index]
+    spec = StudySpec.from_yaml(SPEC)
+    space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
+    expected = dict(lr_variants(space, best))
+    variants = [searcher.suggest(f"t{i}") for i in range(4, 7)]
+    assert [v[META_KEY]["candidate"] for v in variants] == list(LR_VARIANTS)  # type: ignore[index]
+    for v in variants:
+        name = v[META_KEY]["candidate"]  # type: ignore[index]
+        assert Schedule.from_dict(v["schedule"]).stages == expected[name].stages  # type: ignore[index]
+    after = searcher.suggest("t7")
+    assert after[META_KEY]["candidate"] is None  # type: ignore[index]
+    ot = searcher.study.get_trials(deepcopy=False)
+    assert [t.user_attrs.get(CANDIDATE_ATTR) for t in ot][4:7] == list(LR_VARIANTS)
+
+
+def test_a_small_budget_spends_at_most_a_sixth_of_its_trials_on_lr_variants(
+    tmp_path: Path,
+) -> None:
+    """With 12 tuned trials two variants are drawn, with 5 none."""
+    for budget, wanted in ((12, 2), (5, 0)):
+        searcher = make_searcher(f"sqlite:///{tmp_path / f'b{budget}.db'}", budget=budget)
+        for i in range(3):
+            searcher.suggest(f"t{i}")
+        for i, score in enumerate((0.95, 0.97, 0.96)):
+            _finish(searcher, f"t{i}", score)
+        later = [searcher.suggest(f"t{i}") for i in range(3, 5)]
+        got = [c[META_KEY]["candidate"] for c in later if isinstance(c, dict)]
+        assert got == [*LR_VARIANTS[:wanted], *[None] * (2 - wanted)], budget
