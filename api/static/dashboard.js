@@ -34,7 +34,6 @@
     fitted_batch_warmup: "budget-fitted batch warm-up",
     recipe_lr_half: "best recipe at half the LR",
     recipe_first_lr_double: "best recipe at twice the first stage's LR",
-    recipe_lr_double: "best recipe at twice the LR",
   };
   var PLOT_CONFIG = {
     displaylogo: false,
