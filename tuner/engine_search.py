@@ -882,6 +882,9 @@ class ScheduleSearcher(Searcher):
         self._stop = dict(rounds.get("stop") or {})
         self._plan = None  # plan the remaining numbers again before the next suggestion
         self._study = None
+        # The candidates still to draw are read back from the Optuna study (what was drawn).
+        self._recipe_queue = None
+        self._variant_queue = None
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as fh:
@@ -894,6 +897,10 @@ class ScheduleSearcher(Searcher):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_study"] = None  # live DB connections; reloaded by name
+        # A restored copy reads the candidates still to draw back from the Optuna study: a
+        # queue pickled before its head was drawn would draw it twice.
+        state["_recipe_queue"] = None
+        state["_variant_queue"] = None
         if self._storage_url is not None:
             state["_memory_storage"] = None
         return state

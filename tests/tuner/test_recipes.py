@@ -3,6 +3,7 @@ searcher first as ordinary (enqueued) points of the space, once per study."""
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 from pathlib import Path
 
@@ -427,13 +428,23 @@ def test_once_the_recipes_have_trained_the_best_ones_lr_variants_come_next(
     spec = StudySpec.from_yaml(SPEC)
     space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
     expected = dict(lr_variants(space, best))
-    variants = [searcher.suggest(f"t{i}") for i in range(4, 6)]
+    assert [name for name, _ in searcher._pending_variants()] == list(LR_VARIANTS)
+    copy = pickle.dumps(searcher)  # the queue planned, nothing of it drawn yet
+    variants = [searcher.suggest("t4")]
+    # Restored from that copy after the first was drawn: only the second is still to draw.
+    restored = pickle.loads(copy)
+    assert [name for name, _ in restored._pending_variants()] == [RECIPE_LR_HALF]
+    variants.append(searcher.suggest("t5"))
     assert [v[META_KEY]["candidate"] for v in variants] == list(LR_VARIANTS)  # type: ignore[index]
     for v in variants:
         name = v[META_KEY]["candidate"]  # type: ignore[index]
         assert Schedule.from_dict(v["schedule"]).stages == expected[name].stages  # type: ignore[index]
     after = searcher.suggest("t6")
     assert after[META_KEY]["candidate"] is None  # type: ignore[index]
+    # Tune's restore path (set_state) reads them back from the Optuna study too.
+    again = pickle.loads(copy)
+    again.set_state(searcher.get_state())
+    assert again._pending_variants() == []
     ot = searcher.study.get_trials(deepcopy=False)
     assert [t.user_attrs.get(CANDIDATE_ATTR) for t in ot][4:6] == list(LR_VARIANTS)
 
