@@ -536,7 +536,7 @@ class Budget(_Model):
         "square-root rule's LR), a decay at the end; under a step cap also a batch warm-up "
         "(a short first stage, then one larger batch: the pair with the most steps). They seed "
         "the sampler and are reported beside the baselines (fitted_constant, fitted_increase, "
-        "fitted_constant_sqrt, fitted_batch_warmup). Once they have trained, the best one "
+        "fitted_constant_sqrt, fitted_batch_warmup). Once they have trained, the best one trains "
         "again with its LR moved (recipe_first_lr_double, recipe_lr_half; "
         "at most one of 6 tuned trials of the budget; not in the stage-wise search). "
         "Single-objective studies with the optuna or stagewise search.",
