@@ -33,6 +33,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Final
 
+from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
 
 from tuner.engine_search import META_KEY, TrialMeta
@@ -184,6 +185,28 @@ class SchedulePBT(PopulationBasedTraining):
         population: Any = _Population(tune_controller)
         decision: str = super().on_trial_result(population, trial, result)
         return decision
+
+    def choose_trial_to_run(self, tune_controller: Any) -> Any:
+        """Ray's choice, and when it has none because every live population trial is paused
+        at the next perturbation epoch, the perturbation first. Ray's synchronous mode
+        perturbs when the last trial *reports* that epoch; a trial that instead ends before it
+        (it diverged) while all others wait reports nothing more, and the population would
+        stay paused for good."""
+        chosen = super().choose_trial_to_run(tune_controller)
+        if chosen is not None:
+            return chosen
+        population: Any = _Population(tune_controller)
+        live = population.get_live_trials()
+        if not live or any(
+            t.status != Trial.PAUSED
+            or self._trial_state[t].last_train_time < self._next_perturbation_sync
+            or self._trial_state[t].last_result is None
+            for t in live
+        ):
+            return None
+        last = max(live, key=lambda t: self._trial_state[t].last_train_time)
+        super().on_trial_result(population, last, self._trial_state[last].last_result)
+        return super().choose_trial_to_run(tune_controller)
 
     def _get_new_config(
         self, trial: Any, trial_to_clone: Any

@@ -113,12 +113,16 @@ def make_fake_trainable() -> type:
             final = self.cfg.get("fake_final", {}).get(str(self.number), {})
             if self.epoch >= self.schedule.total_epochs and str(self.cfg["seed"]) in final:
                 self.acc = final[str(self.cfg["seed"])]
-            time.sleep(float(self.cfg.get("fake_delay_s", 0.02)))
+            slow = self.cfg.get("fake_slow", {}).get(str(self.number))
+            time.sleep(float(slow or self.cfg.get("fake_delay_s", 0.02)))
             log = self.cfg.get("fake_log")
             if log:  # one line per trained epoch
                 with open(log, "a", encoding="utf-8") as fh:
                     fh.write(f"{self.number}\n")
             done = self.epoch >= self.schedule.total_epochs
+            # {number: epoch}: the trial diverges after that many epochs (and ends there).
+            diverged = self.cfg.get("fake_diverge", {}).get(str(self.number)) == self.epoch
+            done = done or diverged
             # The trainable's contract: ``score`` after a cooldown probe (a probe lifts the
             # accuracy; a "late bloomer" looks bad mid-run but probes well) and at the end.
             score: dict[str, float | None] = {"score": None}
@@ -137,7 +141,7 @@ def make_fake_trainable() -> type:
                 "wall_time_s": self.wall,
                 "batch_size": st.batch_size,
                 "noise_scale": 24.0 * 2**e,  # a noise scale that doubles every epoch
-                "diverged": False,
+                "diverged": diverged,
                 "done": done,
             }
 
@@ -594,6 +598,31 @@ def test_pbt_grows_schedules_by_cloning_and_perturbing_at_its_interval(
             assert donor != o.number
     assert result.summary["search"] == "pbt"
     assert result.summary["noise_candidate"]["note"].startswith("PBT grows")
+
+
+@pytest.mark.timeout(240)
+def test_a_pbt_trial_that_diverges_while_the_others_wait_does_not_hang_the_study(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The last population trial short of the first perturbation epoch is slow and diverges
+    before it: every other one is paused there waiting for it. The perturbation happens
+    anyway and the population trains to the end (before, the study hung with seven trials
+    paused and nothing running)."""
+    text = (
+        "task: digits\nschedule: {total_epochs: 6}\n"
+        "space: {stages: {min: 1, max: 3}, batch_size: {min: 32, max: 512}}\n"
+        "budget: {trials: 11, search: pbt, seed_runs: 0, max_failures: 0}"
+    )
+    result = engine(
+        tmp_path, text, trial_config={"fake_slow": {"10": 1.0}, "fake_diverge": {"10": 1}}
+    ).run()
+    assert len(result.outcomes) == 11
+    by_number = {o.number: o for o in result.outcomes}
+    assert by_number[10].epochs_done == 1
+    assert all(
+        o.status == "completed" and o.epochs_done == 6 for n, o in by_number.items() if n != 10
+    )
+    assert {int(k) for k, v in result.summary["pbt"]["lineages"].items() if v}, "no perturbation"
 
 
 def test_pareto_studies_run_without_early_stopping(ray_session: None, tmp_path: Path) -> None:
