@@ -205,7 +205,9 @@ class SchedulePBT(PopulationBasedTraining):
         ):
             return None
         last = max(live, key=lambda t: self._trial_state[t].last_train_time)
-        super().on_trial_result(population, last, self._trial_state[last].last_result)
+        result = self._trial_state[last].last_result
+        assert result is not None  # checked above
+        super().on_trial_result(population, last, dict(result))
         return super().choose_trial_to_run(tune_controller)
 
     def _get_new_config(
