@@ -10,7 +10,7 @@ never decreasing unless the space allows it, LR multipliers on the space's grid,
 ``space.stages.max`` stages).
 
 :class:`SchedulePBT` is Ray Tune's :class:`PopulationBasedTraining` (synchronous mode: the
-population perturbs at the same epochs) with three changes:
+population perturbs at the same epochs) with four changes:
 
 * the explore step (:meth:`SchedulePBT._get_new_config`) takes the cloned trial's schedule up
   to the perturbation epoch and appends one new stage to the end of the run: the batch doubled
@@ -18,7 +18,9 @@ population perturbs at the same epochs) with three changes:
   keeps its own number, and its config records the lineage (``pbt_lineage``);
 * trials are ranked by ``score``, the cooldown probe the trainable runs at every
   perturbation epoch (``probe_at``), not by mid-run accuracy at a high LR;
-* baselines train beside the population but are never cloned, never perturbed.
+* baselines train beside the population but are never cloned, never perturbed;
+* a trial that ends early (it diverged) while all others wait at the next perturbation epoch
+  does not leave them waiting for good (:meth:`SchedulePBT.choose_trial_to_run`).
 
 Each trial's ``schedule`` at the end is its lineage, what the study stores, reports and
 exports. Checkpoints are the trainable's own (``save_checkpoint``: model, optimizer, RNG
