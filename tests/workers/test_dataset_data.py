@@ -118,7 +118,7 @@ def tasks() -> Iterator[tuple[DiskDigits, MemoryDigits]]:
 
 
 def _train(
-    task: BaseTask[Any], options: dict[str, Any], **config: Any
+    task: BaseTask[Any], options: dict[str, Any], device: str = "cpu", **config: Any
 ) -> tuple[list[dict[str, Any]], list[float]]:
     schedule = Schedule(
         stages=(
@@ -128,7 +128,8 @@ def _train(
         base_lr=0.05,
         base_batch_size=32,
     )
-    worker = TrialWorker(WorkerContext(0, 1, "cpu", "gloo", 1.0), tasks=(task,))
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    worker = TrialWorker(WorkerContext(0, 1, device, backend, 1.0), tasks=(task,))
     worker.configure(
         {
             "schedule": schedule.to_dict(),
@@ -153,7 +154,7 @@ def test_datasets_read_from_disk_train_exactly_like_tensors_in_memory(
     disk, memory = tasks
     # Micro-batches of 24 (accumulation in the 128 stage, a short last one) and a cooldown
     # probe after epoch 2 (its batches are not the plan's: read directly) on both paths.
-    config = {"micro_batch": 24, "probe_at": [2], "drop_last": False}
+    config: dict[str, Any] = {"micro_batch": 24, "probe_at": [2], "drop_last": False}
     options = {"data_dir": str(digits_dir), "loader_workers": loader_workers}
     assert isinstance(disk.load_data(options, 0), DatasetData)
     on_disk, disk_params = _train(disk, options, **config)
