@@ -28,9 +28,16 @@ The summary line::
     gpu_throughput device=.. loop_vs_plain_at_512=.. loop_samples_per_s_at_512=..
     plain_samples_per_s_at_512=.. best_sharing=k trials_per_hour_shared=.. trials_per_hour_alone=..
 
+``--task tinylm`` / ``--task denoise`` run the loop-vs-plain part on the tasks of protocol v2
+instead, at sizes a GPU is meant for (a 4-block Transformer of width 256 on 32,768 sequences of
+128 bytes; the 17-layer, 64-channel DnCNN of Zhang et al. on 32,768 patches of 40 x 40 pixels):
+their default optimizer (AdamW) on both sides (the plain loop's fused), their own loss, and
+channels-last only for 4-D inputs. Their results go to ``gpu_throughput_<task>.{json,md}``.
+
 Results go to ``bench/results/gpu_throughput.{json,md}`` (``--results-dir`` to change).
 
     python bench/gpu_throughput.py                 # on a machine with a CUDA GPU
+    python bench/gpu_throughput.py --task tinylm --no-share
     python bench/gpu_throughput.py --smoke         # CI: CPU, tiny sizes, every code path
 """
 
@@ -53,6 +60,46 @@ if __package__ in (None, ""):
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DATA_NAME = "cifar10-synthetic"
+
+#: Per task: the options of the full run and of the smoke run, the default batches, and what
+#: the data and model are (for the report). cifar10's data directory is added at run time.
+TASKS: dict[str, dict[str, Any]] = {
+    "cifar10": {
+        "options": {},
+        "smoke_options": {},
+        "batches": "128,256,512",
+        "data": "synthetic CIFAR-size images ({train:,} training, {val:,} validation), "
+        "cifar10 task's ResNet-20 (width 16), SGD momentum 0.9",
+    },
+    "tinylm": {
+        "options": {
+            "seq_len": 128,
+            "num_train_sequences": 32_768,
+            "num_val_sequences": 1024,
+            "num_test_sequences": 64,
+            "width": 256,
+            "num_layers": 4,
+            "num_heads": 8,
+        },
+        "smoke_options": {
+            "num_train_sequences": 384,
+            "num_val_sequences": 64,
+            "num_test_sequences": 16,
+            "width": 32,
+            "num_layers": 1,
+        },
+        "batches": "64,128,256",
+        "data": "tinylm: byte-level LM on CPython's pydoc topics, 32,768 training sequences of "
+        "128 bytes, a 4-block pre-LN Transformer (width 256, 8 heads, 3.2M parameters), AdamW",
+    },
+    "denoise": {
+        "options": {"num_train_patches": 32_768, "patch_size": 40, "depth": 17, "width": 64},
+        "smoke_options": {"num_train_patches": 384, "depth": 3, "width": 8},
+        "batches": "32,64,128",
+        "data": "denoise: 32,768 grey 40 x 40 patches of scikit-learn's two photographs "
+        "(sigma 25/255), the 17-layer DnCNN (64 channels, 0.56M parameters), AdamW",
+    },
+}
 
 
 # ------------------------------------------------------------------------------------------
@@ -102,41 +149,63 @@ def _sync(device: Any) -> None:
 # the trial loop
 
 
+def _schedule(task_name: str, stages: Sequence[Any], base_batch: int) -> Any:
+    """The task's default LR and optimizer over these stages (square-root LR scaling for
+    AdamW, linear for SGD)."""
+    from tuner.schedule import Schedule
+    from workers.tasks import get_task
+
+    task = get_task(task_name)
+    optimizer = task.default_optimizer
+    return Schedule(
+        stages=tuple(stages),
+        base_lr=task.default_base_lr,
+        base_batch_size=base_batch,
+        scaling_rule="sqrt" if optimizer.name == "adamw" else "linear",
+        optimizer=optimizer.name,
+        momentum=optimizer.momentum,
+        weight_decay=optimizer.weight_decay,
+    )
+
+
 def trial_loop(
     device_name: str,
     options: dict[str, Any],
     batches: Sequence[int],
     epochs_per_stage: int,
     compile_model: bool,
-) -> dict[int, dict[str, float]]:
+    task_name: str = "cifar10",
+) -> dict[int, dict[str, Any]]:
     """Samples/s per stage (its last epoch) of :class:`TrialWorker` on one rank."""
-    from tuner.schedule import Schedule, Stage
+    from tuner.schedule import Stage
     from workers.gang import WorkerContext
     from workers.loop import TrialWorker
+    from workers.tasks import get_task
 
-    stages = tuple(
+    stages = [
         Stage(i * epochs_per_stage, (i + 1) * epochs_per_stage, b) for i, b in enumerate(batches)
-    )
-    schedule = Schedule(stages=stages, base_lr=0.1, base_batch_size=batches[0])
+    ]
+    schedule = _schedule(task_name, stages, batches[0])
+    metric = get_task(task_name).primary_metric
     backend = "nccl" if device_name.startswith("cuda") else "gloo"
     worker = TrialWorker(WorkerContext(0, 1, device_name, backend, 1.0))
     info = worker.configure(
         {
             "schedule": schedule.to_dict(),
-            "task": "cifar10",
+            "task": task_name,
             "task_options": options,
             "seed": 0,
             "compile": compile_model,
         }
     )
-    out: dict[int, dict[str, float]] = {}
+    out: dict[int, dict[str, Any]] = {}
     for epoch in range(schedule.total_epochs):
         r = worker.train_epoch(epoch)
         out[int(r["batch_size"])] = {
             "samples_per_s": float(r["samples_per_s"]),
             "epoch_time_s": float(r["epoch_time_s"]),
             "steps": int(r["steps_in_epoch"]),
-            "val_accuracy": float(r["val_accuracy"]),
+            metric: float(r[metric]),
             "amp": bool(info["amp"]),
             "channels_last": bool(info["channels_last"]),
         }
@@ -153,28 +222,44 @@ def plain_loop(
     batch: int,
     compile_model: bool,
     max_steps: int | None = None,
+    task_name: str = "cifar10",
 ) -> dict[str, float]:
     """Samples/s of the plainest fast loop: one epoch of steps at ``batch`` after a warm-up."""
     import torch
-    from torch.nn import functional as F  # noqa: N812
 
     from workers.tasks import get_task, load_tensors
 
     device = torch.device(device_name)
-    task = get_task("cifar10")
+    task = get_task(task_name)
     opts = task.validate_options(options)
     data = load_tensors(task, opts, 0).to(device)
     torch.manual_seed(0)
     cuda = device.type == "cuda"
+    channels_last = cuda and data.train_x.dim() == 4
     model = task.build_model(opts).to(device)
-    if cuda:
+    if channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     if compile_model:
         model.compile()
     model.train()
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, fused=cuda or None
-    )
+    defaults = task.default_optimizer
+    optimizer: torch.optim.Optimizer
+    if defaults.name == "adamw":
+        optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=task.default_base_lr,
+            betas=(defaults.momentum, 0.999),
+            weight_decay=defaults.weight_decay,
+            fused=cuda or None,
+        )
+    else:
+        optimizer = torch.optim.SGD(
+            model.parameters(),
+            lr=task.default_base_lr,
+            momentum=defaults.momentum,
+            weight_decay=defaults.weight_decay,
+            fused=cuda or None,
+        )
     generator = torch.Generator(device=device).manual_seed(1)
     n = data.num_train
     steps = n // batch
@@ -190,11 +275,11 @@ def plain_loop(
     def step(k: int) -> None:
         idx = perm[(k % steps) * batch : (k % steps + 1) * batch]
         x = task.augment_batch(data.train_x[idx], generator)
-        if cuda:
+        if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         with autocast:
-            logits = model(x)
-        loss = F.cross_entropy(logits.float(), data.train_y[idx])
+            output = model(x)
+        loss = task.loss(output.float(), data.train_y[idx]) / batch
         torch.autograd.backward(loss)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -221,22 +306,24 @@ def shared_gpu(
     sharing: int,
     gpus: float,
     storage: str,
+    task_name: str = "cifar10",
+    batches: tuple[int, int] = (128, 256),
 ) -> dict[str, Any]:
     """Run ``trials`` short trials through Ray Tune, ``sharing`` at once on ``gpus`` each."""
     from ray import tune
 
-    from tuner.schedule import Schedule, Stage
+    from tuner.schedule import Stage
+    from workers.tasks import get_task
     from workers.trainable import ScheduleTrainable
 
     split = max(1, epochs // 2)
-    schedule = Schedule(
-        stages=(Stage(0, split, 128), Stage(split, epochs, 256)),
-        base_lr=0.1,
-        base_batch_size=128,
+    schedule = _schedule(
+        task_name, (Stage(0, split, batches[0]), Stage(split, epochs, batches[1])), batches[0]
     )
+    metric = get_task(task_name).primary_metric
     config: dict[str, Any] = {
         "schedule": schedule.to_dict(),
-        "task": "cifar10",
+        "task": task_name,
         "task_options": options,
         "seed": tune.grid_search(list(range(trials))),
         "workers": 1,
@@ -247,14 +334,14 @@ def shared_gpu(
     failed: list[str] = []
 
     class Record(tune.Callback):
-        """Each trial's last validation accuracy, and the trials that failed (read here, not
-        from the result grid, which needs Tune's per-trial result files)."""
+        """Each trial's last value of the task's metric, and the trials that failed (read
+        here, not from the result grid, which needs Tune's per-trial result files)."""
 
         def on_trial_result(
             self, iteration: int, trials: Any, trial: Any, result: dict[str, Any], **info: Any
         ) -> None:
-            if result.get("val_accuracy") is not None:
-                last[trial.trial_id] = float(result["val_accuracy"])
+            if result.get(metric) is not None:
+                last[trial.trial_id] = float(result[metric])
 
         def on_trial_error(self, iteration: int, trials: Any, trial: Any, **info: Any) -> None:
             failed.append(trial.trial_id)
@@ -279,7 +366,7 @@ def shared_gpu(
             f"shared-GPU run ({sharing} at once): {len(failed)} trials failed, "
             f"{len(last)} of {trials} reported"
         )
-    accuracies = list(last.values())
+    values = list(last.values())
     return {
         "sharing": sharing,
         "gpus_per_worker": gpus,
@@ -287,7 +374,8 @@ def shared_gpu(
         "epochs": epochs,
         "wall_time_s": wall,
         "trials_per_hour": trials / wall * 3600.0,
-        "val_accuracy_mean": statistics.fmean(accuracies) if accuracies else None,
+        "metric": metric,
+        f"{metric}_mean": statistics.fmean(values) if values else None,
     }
 
 
@@ -319,8 +407,10 @@ def _machine(device_name: str) -> dict[str, Any]:
 
 def _markdown(data: dict[str, Any]) -> str:
     m = data["machine"]
+    metric = data["config"]["metric"]
     lines = [
-        "# GPU throughput: the trial loop against a plain loop, and trials sharing a GPU",
+        "# GPU throughput: the trial loop against a plain loop, and trials sharing a GPU"
+        f" ({data['config']['task']})",
         "",
         f"Device: **{m.get('gpu') or m['device']}** ({m.get('gpu_memory_gib', '-')} GiB), "
         f"torch {m['torch']}, CUDA {m.get('cuda', '-')}, {m['cpu_count']} CPU cores, Python "
@@ -329,13 +419,19 @@ def _markdown(data: dict[str, Any]) -> str:
         "## Trial loop vs plain loop (samples/s, training steps only)",
         "",
         "| batch | trial loop | trial loop, compiled | plain | plain, compiled | "
-        "loop / best plain |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"loop / best plain | trial loop's {metric} after the stage |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+
+    def rate(value: float) -> str:
+        return f"{value:,.0f}" if value else "-"
+
     for row in data["loop_vs_plain"]:
+        value = row["loop_detail"]["False"].get(metric)
         lines.append(
-            f"| {row['batch']} | {row['loop']:,.0f} | {row['loop_compiled']:,.0f} | "
-            f"{row['plain']:,.0f} | {row['plain_compiled']:,.0f} | {row['ratio']:.2f} |"
+            f"| {row['batch']} | {rate(row['loop'])} | {rate(row['loop_compiled'])} | "
+            f"{rate(row['plain'])} | {rate(row['plain_compiled'])} | {row['ratio']:.2f} | "
+            f"{'-' if value is None else f'{value:.4g}'} |"
         )
     lines += [
         "",
@@ -348,17 +444,17 @@ def _markdown(data: dict[str, Any]) -> str:
             "## Trials sharing one GPU (Ray fractional GPUs)",
             "",
             "| trials at once | GPU per trial | trials | wall (s) | trials / hour | "
-            "vs one at a time | mean val acc |",
+            f"vs one at a time | mean {metric} |",
             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         alone = data["shared"][0]["trials_per_hour"]
         for row in data["shared"]:
-            acc = row["val_accuracy_mean"]
+            mean = row[f"{metric}_mean"]
             lines.append(
                 f"| {row['sharing']} | {row['gpus_per_worker']:g} | {row['trials']} | "
                 f"{row['wall_time_s']:.1f} | {row['trials_per_hour']:,.0f} | "
                 f"{row['trials_per_hour'] / alone:.2f}x | "
-                f"{'-' if acc is None else f'{100 * acc:.1f}%'} |"
+                f"{'-' if mean is None else f'{mean:.4g}'} |"
             )
         lines.append("")
     targets = data["targets"]
@@ -372,9 +468,19 @@ def _markdown(data: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--device", default=None, help="cuda:0 when there is a GPU, else cpu")
-    parser.add_argument("--batches", default="128,256,512", help="the stages' batch sizes")
+    parser.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default="cifar10",
+        help="cifar10 (synthetic CIFAR-size images, ResNet-20), tinylm or denoise",
+    )
+    parser.add_argument(
+        "--batches", default=None, help="the stages' batch sizes (default: per task)"
+    )
     parser.add_argument("--epochs-per-stage", type=int, default=2)
-    parser.add_argument("--train", type=int, default=50_000, help="synthetic training images")
+    parser.add_argument(
+        "--train", type=int, default=50_000, help="synthetic training images (cifar10)"
+    )
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled runs")
     parser.add_argument("--share", default="2,4,8", help="trials sharing the GPU at once")
     parser.add_argument("--share-trials", type=int, default=16)
@@ -387,14 +493,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     import torch
 
+    from workers.tasks import get_task
+
     if args.device is None:
         args.device = "cuda:0" if torch.cuda.is_available() else "cpu"
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA GPU is visible to torch")
-    stem = "gpu_throughput"
+    setup = TASKS[args.task]
+    stem = "gpu_throughput" if args.task == "cifar10" else f"gpu_throughput_{args.task}"
+    task_options = dict(setup["options"])
+    args.batches = args.batches or setup["batches"]
     max_plain_steps: int | None = None
     if args.smoke:
-        stem = "gpu_throughput_smoke"
+        stem += "_smoke"
+        task_options = dict(setup["smoke_options"])
         args.batches, args.epochs_per_stage, args.train = "32,64", 1, 384
         args.no_compile = True
         args.share, args.share_trials, args.share_epochs, args.share_train = "2", 2, 2, 256
@@ -408,17 +520,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     data: dict[str, Any] = {"machine": _machine(args.device)}
     rows: list[dict[str, Any]] = []
-    with synthetic_cifar(args.train + num_val, 1000 if args.smoke else 10_000) as data_dir:
-        options = _options(data_dir, num_val)
-        loop: dict[bool, dict[int, dict[str, float]]] = {}
+    cifar = args.task == "cifar10"
+    data_context = (
+        synthetic_cifar(args.train + num_val, 1000 if args.smoke else 10_000)
+        if cifar
+        else contextlib.nullcontext("")
+    )
+    with data_context as data_dir:
+        options = _options(data_dir, num_val) if cifar else task_options
+        loop: dict[bool, dict[int, dict[str, Any]]] = {}
         for compiled in compile_modes:
             loop[compiled] = trial_loop(
-                args.device, options, batches, args.epochs_per_stage, compiled
+                args.device, options, batches, args.epochs_per_stage, compiled, args.task
             )
             print(f"trial loop (compile={compiled}): {json.dumps(loop[compiled])}", flush=True)
         for batch in batches:
             plain = {
-                compiled: plain_loop(args.device, options, batch, compiled, max_plain_steps)
+                compiled: plain_loop(
+                    args.device, options, batch, compiled, max_plain_steps, args.task
+                )
                 for compiled in compile_modes
             }
             print(f"plain loop batch {batch}: {json.dumps(plain)}", flush=True)
@@ -454,12 +574,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 log_to_driver=False,
             )
             levels = [1] + [int(k) for k in args.share.split(",") if int(k) > 1]
-            share_options = _options(data_dir, num_val, args.share_train)
+            if cifar:
+                share_options = _options(data_dir, num_val, args.share_train)
+            else:
+                share_options = dict(task_options)
+                size_key = "num_train_sequences" if args.task == "tinylm" else "num_train_patches"
+                share_options[size_key] = min(share_options[size_key], args.share_train)
             with tempfile.TemporaryDirectory(prefix="stagetune-gpu-share-") as storage:
                 for k in levels:
                     gpus = (1.0 / k) if cuda else 0.0
                     row = shared_gpu(
-                        share_options, args.share_trials, args.share_epochs, k, gpus, storage
+                        share_options,
+                        args.share_trials,
+                        args.share_epochs,
+                        k,
+                        gpus,
+                        storage,
+                        args.task,
+                        (batches[0], batches[1] if len(batches) > 1 else batches[0]),
                     )
                     print(f"shared GPU: {json.dumps(row)}", flush=True)
                     shared.append(row)
@@ -474,7 +606,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     device_label = str(data["machine"].get("gpu") or args.device).replace(" ", "_")
     line = (
-        f"gpu_throughput device={device_label} "
+        f"gpu_throughput task={args.task} device={device_label} "
         f"loop_vs_plain_at_{at['batch']}={at['ratio']:.2f} "
         f"loop_samples_per_s_at_{at['batch']}={max(at['loop'], at['loop_compiled']):.0f} "
         f"plain_samples_per_s_at_{at['batch']}={max(at['plain'], at['plain_compiled']):.0f}"
@@ -488,8 +620,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     data.update(
         {
             "config": {
-                "data": f"synthetic CIFAR-size images ({args.train:,} training, {num_val:,} "
-                "validation), cifar10 task's ResNet-20 (width 16), SGD momentum 0.9",
+                "task": args.task,
+                "metric": get_task(args.task).primary_metric,
+                "task_options": task_options,
+                "data": setup["data"].format(train=args.train, val=num_val),
                 "device": args.device,
                 "batches": batches,
                 "epochs_per_stage": args.epochs_per_stage,

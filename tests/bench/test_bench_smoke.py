@@ -281,6 +281,7 @@ def test_gpu_throughput_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
             )
     fields = _fields(_last_line(capsys.readouterr().out), "gpu_throughput")
     assert set(fields) == {
+        "task",
         "device",
         "loop_vs_plain_at_64",
         "loop_samples_per_s_at_64",
@@ -289,7 +290,7 @@ def test_gpu_throughput_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         "trials_per_hour_shared",
         "trials_per_hour_alone",
     }
-    assert fields["device"] == "cpu"
+    assert (fields["task"], fields["device"]) == ("cifar10", "cpu")
     assert [row["batch"] for row in data["loop_vs_plain"]] == [32, 64]
     for row in data["loop_vs_plain"]:
         assert row["loop"] > 0
@@ -357,3 +358,24 @@ def test_denoise_batch_penalty_smoke(tmp_path: Path, capsys: pytest.CaptureFixtu
     saved = json.loads((tmp_path / "denoise_batch_penalty_smoke.json").read_text())
     assert saved["summary_line"].startswith("denoise_batch_penalty base_psnr=")
     assert "| 2x sqrt | 64 |" in (tmp_path / "denoise_batch_penalty_smoke.md").read_text()
+
+
+@pytest.mark.parametrize(("task", "metric"), [("tinylm", "val_loss"), ("denoise", "val_psnr")])
+def test_gpu_throughput_smoke_on_the_lm_and_denoising_tasks(
+    task: str, metric: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--task tinylm`` / ``--task denoise``: both loops train the task's own model with its
+    loss and its AdamW, and the report reads the task's metric."""
+    module = _load("gpu_throughput")
+    data = module.main(["--smoke", "--task", task, "--no-share", "--results-dir", str(tmp_path)])
+    fields = _fields(_last_line(capsys.readouterr().out), "gpu_throughput")
+    assert (fields["task"], fields["device"]) == (task, "cpu")
+    assert data["config"]["metric"] == metric
+    assert data["shared"] == []
+    for row in data["loop_vs_plain"]:
+        assert row["loop"] > 0
+        assert row["plain"] > 0
+        assert math.isfinite(row["loop_detail"]["False"][metric])
+        assert row["loop_detail"]["False"]["steps"] == 384 // row["batch"]
+    report = (tmp_path / f"gpu_throughput_{task}_smoke.md").read_text()
+    assert f"trial loop's {metric} after the stage" in report
