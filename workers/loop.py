@@ -33,8 +33,9 @@ step is not applied, so the model and the metrics so far stay finite); a
 ``torch.OutOfMemoryError`` on any rank makes every rank drop that step and retry it with half
 the micro-batch (more accumulation) until micro-batch 1, then :class:`TrialOOMError`.
 
-On CUDA the forward pass runs under bf16 autocast and 4-D inputs use channels-last; the
-trial config's ``compile`` key compiles the model (``nn.Module.compile``, in place). The trial
+On CUDA the forward pass runs under bf16 autocast, 4-D inputs use channels-last and AdamW / SGD
+run their fused kernels; the trial config's ``compile`` key compiles the model
+(``nn.Module.compile``, in place). The trial
 config's keys, their rules and defaults are :class:`tuner.trial_config.TrialConfig`'s.
 """
 
@@ -269,14 +270,21 @@ class LARS(torch.optim.Optimizer):
 
 def _make_optimizer(schedule: Schedule, params: list[nn.Parameter]) -> torch.optim.Optimizer:
     lr = schedule.lr_at(0.0)
+    # On a GPU, AdamW and SGD run their fused kernels (a few launches for all parameters, not
+    # several per tensor); the state they keep is the same, so checkpoints move between devices.
+    fused = True if params and all(p.is_cuda for p in params) else None
     if schedule.optimizer == "adamw":
         return torch.optim.AdamW(
-            params, lr=lr, betas=(schedule.momentum, 0.999), weight_decay=schedule.weight_decay
+            params,
+            lr=lr,
+            betas=(schedule.momentum, 0.999),
+            weight_decay=schedule.weight_decay,
+            fused=fused,
         )
     if schedule.optimizer == "lars":
         return LARS(params, lr=lr, momentum=schedule.momentum, weight_decay=schedule.weight_decay)
     return torch.optim.SGD(
-        params, lr=lr, momentum=schedule.momentum, weight_decay=schedule.weight_decay
+        params, lr=lr, momentum=schedule.momentum, weight_decay=schedule.weight_decay, fused=fused
     )
 
 
