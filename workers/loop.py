@@ -288,6 +288,16 @@ def _make_optimizer(schedule: Schedule, params: list[nn.Parameter]) -> torch.opt
     )
 
 
+def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
+    """Load a saved optimizer state, keeping this optimizer's own kernel choice (``fused``):
+    a state saved on a GPU (fused kernels) loads into a CPU trial and the other way round."""
+    kernels = [group.get("fused") for group in optimizer.param_groups]
+    optimizer.load_state_dict(saved)  # type: ignore[arg-type]
+    for group, fused in zip(optimizer.param_groups, kernels, strict=True):
+        if "fused" in group:
+            group["fused"] = fused
+
+
 # --------------------------------------------------------------------------------------------
 # the worker
 
@@ -788,7 +798,7 @@ class TrialWorker:
     def _restore(self, saved: Mapping[str, Any]) -> None:
         with torch.no_grad():
             self._model.load_state_dict(saved["model"])
-        self._optimizer.load_state_dict(saved["optimizer"])
+        _load_optimizer_state(self._optimizer, saved["optimizer"])
         self._restore_grad_views()
         self._flat.zero_()
         torch.set_rng_state(saved["rng"])
@@ -964,7 +974,7 @@ class TrialWorker:
             state = shared
         with torch.no_grad():
             self._model.load_state_dict(shared["model"])
-        self._optimizer.load_state_dict(shared["optimizer"])
+        _load_optimizer_state(self._optimizer, shared["optimizer"])
         self._restore_grad_views()
         torch.set_rng_state(state["rng"])
         if state.get("cuda_rng") is not None and self.device.type == "cuda":
