@@ -290,12 +290,14 @@ def _make_optimizer(schedule: Schedule, params: list[nn.Parameter]) -> torch.opt
 
 def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
     """Load a saved optimizer state, keeping this optimizer's own kernel choice (``fused``):
-    a state saved on a GPU (fused kernels) loads into a CPU trial and the other way round."""
-    kernels = [group.get("fused") for group in optimizer.param_groups]
-    optimizer.load_state_dict(saved)  # type: ignore[arg-type]
-    for group, fused in zip(optimizer.param_groups, kernels, strict=True):
-        if "fused" in group:
-            group["fused"] = fused
+    a state saved on a GPU (fused kernels) loads into a CPU trial and the other way round.
+    The choice is written into the saved groups before loading, so that torch places each
+    parameter's ``step`` where that kernel wants it (on the parameter's device when fused)."""
+    groups = [dict(group) for group in saved["param_groups"]]
+    for group, own in zip(groups, optimizer.param_groups, strict=True):
+        if "fused" in own:
+            group["fused"] = own["fused"]
+    optimizer.load_state_dict({**saved, "param_groups": groups})
 
 
 # --------------------------------------------------------------------------------------------
