@@ -61,8 +61,10 @@ if __package__ in (None, ""):
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DATA_NAME = "cifar10-synthetic"
 
-#: Per task: the options of the full run and of the smoke run, the default batches, and what
-#: the data and model are (for the report). cifar10's data directory is added at run time.
+#: Per task: the options of the full run and of the smoke run, the default batches, the option
+#: that sets the training set's size (the shared-GPU trials cap it at ``--share-train``), and
+#: what the data and model are (for the report). cifar10's data directory and training size
+#: are set at run time.
 TASKS: dict[str, dict[str, Any]] = {
     "cifar10": {
         "options": {},
@@ -89,6 +91,7 @@ TASKS: dict[str, dict[str, Any]] = {
             "num_layers": 1,
         },
         "batches": "64,128,256",
+        "train_size_option": "num_train_sequences",
         "data": "tinylm: byte-level LM on CPython's pydoc topics, 32,768 training sequences of "
         "128 bytes, a 4-block pre-LN Transformer (width 256, 8 heads, 3.2M parameters), AdamW",
     },
@@ -96,6 +99,7 @@ TASKS: dict[str, dict[str, Any]] = {
         "options": {"num_train_patches": 32_768, "patch_size": 40, "depth": 17, "width": 64},
         "smoke_options": {"num_train_patches": 384, "depth": 3, "width": 8},
         "batches": "32,64,128",
+        "train_size_option": "num_train_patches",
         "data": "denoise: 32,768 grey 40 x 40 patches of scikit-learn's two photographs "
         "(sigma 25/255), the 17-layer DnCNN (64 channels, 0.56M parameters), AdamW",
     },
@@ -578,8 +582,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 share_options = _options(data_dir, num_val, args.share_train)
             else:
                 share_options = dict(task_options)
-                size_key = "num_train_sequences" if args.task == "tinylm" else "num_train_patches"
-                share_options[size_key] = min(share_options[size_key], args.share_train)
+                size = setup["train_size_option"]
+                share_options[size] = min(share_options[size], args.share_train)
             with tempfile.TemporaryDirectory(prefix="stagetune-gpu-share-") as storage:
                 for k in levels:
                     gpus = (1.0 / k) if cuda else 0.0
