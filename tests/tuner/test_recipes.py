@@ -19,6 +19,7 @@ from tuner.recipes import (
     FITTED_CONSTANT_SQRT,
     FITTED_INCREASE,
     LR_VARIANTS,
+    MAX_LR_JUMP,
     RECIPE_FIRST_LR_DOUBLE,
     RECIPE_LR_HALF,
     lr_variants,
@@ -167,7 +168,7 @@ def test_the_searcher_draws_the_recipes_first_and_once(tmp_path: Path) -> None:
     first = [searcher.suggest(f"t{i}") for i in range(4)]
     assert all(isinstance(c, dict) for c in first)
     drawn = [Schedule.from_dict(c["schedule"]).summary() for c in first]  # type: ignore[index]
-    assert drawn[:3] == ["256@0-12", "128@0-8 -> 512@8-10 -> 1024@10-12", "32@0-2 -> 1024@2-12"]
+    assert drawn[:3] == ["256@0-12", "128@0-8 -> 512@8-10 -> 1024@10-12", "64@0-2 -> 256@2-12"]
     assert [c[META_KEY]["candidate"] for c in first] == [  # type: ignore[index]
         FITTED_CONSTANT,
         FITTED_INCREASE,
@@ -291,24 +292,37 @@ def test_the_square_root_twin_is_left_out_where_it_is_the_same_schedule() -> Non
 def test_the_batch_warmup_recipe_spends_a_short_first_stage_on_the_most_steps() -> None:
     """Under a step cap: the space's shortest first stage, then a larger batch to the end,
     the pair of batches with which the run takes the most steps within the cap, at the study's
-    rule's LR for SGD: mnist1d's space (2-epoch minimum stage) spends 2 x 156 = 312 of its 374
-    steps at batch 32, then 10 x 4 at 1,024 (352; 512 after it would take 402, and 64 -> 512
-    takes 246)."""
+    rule's LR for SGD: mnist1d's space (2-epoch minimum stage) spends 2 x 78 = 156 of its 374
+    steps at batch 64, then 10 x 19 at 256 (346; 512 after it would take 246)."""
     schedule = recipes(SPEC)[FITTED_BATCH_WARMUP]
     assert [(s.start_epoch, s.end_epoch, s.batch_size) for s in schedule.stages] == [
-        (0, 2, 32),
-        (2, 12, 1024),
+        (0, 2, 64),
+        (2, 12, 256),
     ]
-    assert schedule.total_steps(TRAIN_SIZE) == 352
+    assert schedule.total_steps(TRAIN_SIZE) == 346
     first, second = schedule.stages
     assert first.lr_multiplier == second.lr_multiplier == 1.0  # the linear rule's LR
     assert first.decay == "constant"
     assert second.decay == "cosine"
     assert second.warmup_epochs == pytest.approx(0.6)  # Goyal's 5 % of the run
-    # A cap the smallest batch cannot start within: the next batch up.
+    # A cap the smaller batches cannot start within: larger ones.
     tight = recipes(SPEC.replace("max_steps: 374", "max_steps: 200"))[FITTED_BATCH_WARMUP]
-    assert [s.batch_size for s in tight.stages] == [64, 1024]
+    assert [s.batch_size for s in tight.stages] == [128, 512]
     assert tight.total_steps(TRAIN_SIZE) <= 200
+
+
+def test_the_batch_warmup_recipe_grows_the_lr_at_most_4x() -> None:
+    """The most steps within mnist1d's cap would be 2 x 157 at batch 32, then 10 x 4 at 1,024
+    (352): under the linear rule a 32x LR jump mid-run, which diverged in every study that
+    drew it. Only pairs whose peak LR grows at most MAX_LR_JUMP times count; with a wider
+    bound the 32x pair comes back (the bound is what leaves it out)."""
+    schedule = recipes(SPEC)[FITTED_BATCH_WARMUP]
+    assert schedule.peak_lr(1) / schedule.peak_lr(0) == pytest.approx(MAX_LR_JUMP)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("tuner.recipes.MAX_LR_JUMP", 32)
+        wide = recipes(SPEC)[FITTED_BATCH_WARMUP]
+    assert [s.batch_size for s in wide.stages] == [32, 1024]
+    assert wide.total_steps(TRAIN_SIZE) == 352
 
 
 def test_the_batch_warmup_recipe_trades_a_larger_first_batch_for_a_smaller_second() -> None:
