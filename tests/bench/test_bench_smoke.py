@@ -18,7 +18,10 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+# The smokes that run Ray (the session's instance, or their own) are marked ``ray``; those
+# that train in this process only are ``ray_free``, so `make test` runs them beside the Ray
+# tests.
+pytestmark = [pytest.mark.slow]
 
 
 def _load(name: str) -> ModuleType:
@@ -44,6 +47,7 @@ def _png(path: Path) -> None:
     assert path.stat().st_size > 5_000
 
 
+@pytest.mark.ray
 def test_schedule_quality_smoke(
     ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -120,6 +124,7 @@ def test_schedule_quality_smoke(
     _png(tmp_path / "schedule_quality_smoke.png")
 
 
+@pytest.mark.ray
 def test_tuning_efficiency_smoke(
     ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -249,6 +254,7 @@ def test_tuning_efficiency_smoke(
     )
 
 
+@pytest.mark.ray
 def test_trial_overhead_measures_what_a_fork_costs(ray_session: None, tmp_path: Path) -> None:
     """The fork-cost part of ``bench/trial_overhead.py`` (the rest of its smoke mode starts a
     Ray Train run per trial, over a minute): a real save at a stage boundary and a real load
@@ -262,6 +268,7 @@ def test_trial_overhead_measures_what_a_fork_costs(ray_session: None, tmp_path: 
     assert row["fork_s"] == row["save_median_s"] + row["load_median_s"]
 
 
+@pytest.mark.ray
 def test_gpu_throughput_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``bench/gpu_throughput.py --smoke`` runs every part on the CPU: the trial loop and the
     plain loop on CIFAR-size synthetic images, then short trials through Ray Tune one at a
@@ -305,6 +312,7 @@ def test_gpu_throughput_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     )
 
 
+@pytest.mark.ray
 def test_loop_throughput_smoke(
     ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -334,6 +342,7 @@ def test_loop_throughput_smoke(
     )
 
 
+@pytest.mark.ray_free
 def test_denoise_batch_penalty_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``bench/denoise_batch_penalty.py --smoke``: a tiny denoise model, 2 epochs at the base
     batch and at twice it (sqrt and linear LR scaling) through the trial loop (no Ray)."""
@@ -360,6 +369,7 @@ def test_denoise_batch_penalty_smoke(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "| 2x sqrt | 64 |" in (tmp_path / "denoise_batch_penalty_smoke.md").read_text()
 
 
+@pytest.mark.ray_free
 @pytest.mark.parametrize(("task", "metric"), [("tinylm", "val_loss"), ("denoise", "val_psnr")])
 def test_gpu_throughput_smoke_on_the_lm_and_denoising_tasks(
     task: str, metric: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

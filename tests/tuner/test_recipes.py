@@ -312,7 +312,7 @@ def test_the_batch_warmup_recipe_spends_a_short_first_stage_on_the_most_steps() 
 
 
 def test_the_batch_warmup_recipe_grows_the_lr_at_most_4x() -> None:
-    """The most steps within mnist1d's cap would be 2 x 157 at batch 32, then 10 x 4 at 1,024
+    """The most steps within mnist1d's cap would be 2 x 156 at batch 32, then 10 x 4 at 1,024
     (352): under the linear rule a 32x LR jump mid-run, which diverged in every study that
     drew it. Only pairs whose peak LR grows at most MAX_LR_JUMP times count; with a wider
     bound the 32x pair comes back (the bound is what leaves it out)."""
