@@ -233,8 +233,19 @@ def test_tuning_efficiency_smoke(
     cross = rescored["cross_seed"]
     assert cross["seeds"] == [0]
     (row,) = cross["schedules"]
+    # The best full run among those that finished within the budget (a trial still running
+    # when the budget was spent finishes, outside it).
+    spent_at = {p["number"]: p["trial_epochs"] for p in default["curve"]}
+    budget = rerun["config"]["budget_trial_epochs"]
     best = min(
-        (t for t in default["trials"] if t["status"] == "completed" and t["epochs_done"] == 2),
+        (
+            t
+            for t in default["trials"]
+            if t["status"] == "completed"
+            and t["epochs_done"] == 2
+            and t["feasible"]
+            and spent_at.get(t["number"], math.inf) <= budget
+        ),
         key=lambda t: -t["metric_value"],
     )
     assert (row["found_on_seed"], row["trial"]) == (0, best["number"])
