@@ -78,6 +78,7 @@ from tuner.errors import StagetuneError, ValidationError
 from tuner.objectives import (
     StudyObjective,
     TrialOutcome,
+    epochs_done,
     is_stage_stop,
     summarize,
     trial_status,
@@ -401,7 +402,7 @@ def outcome_of(
 
     steps = num("steps")
     samples = num("samples")
-    done = result.get("training_iteration")
+    done = epochs_done(result) if isinstance(result.get("training_iteration"), int) else None
     # Compute spent: epochs trained plus the cooldown probes' epochs (trainables that do not
     # report it spent their epochs alone).
     compute = num("compute_epochs")

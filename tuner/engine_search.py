@@ -65,7 +65,7 @@ from ray.tune.search import Searcher
 from tuner.baselines import Baseline
 from tuner.errors import StagetuneError
 from tuner.noise_candidate import NOISE_SCALE, noise_scale_schedule
-from tuner.objectives import StudyObjective, TrialOutcome
+from tuner.objectives import StudyObjective, TrialOutcome, failure_of
 from tuner.optuna_storage import (
     CANDIDATE_ATTR,
     INFEASIBLE_ATTR,
@@ -652,6 +652,8 @@ class ScheduleSearcher(Searcher):
         if meta is None or trial_id in self._finished:
             return
         self._finished.add(trial_id)
+        # A trial that ended with a failure report failed as one that raised did.
+        error = error or failure_of(result) is not None
         if result and not error:
             # Tune hands a trial's last result to this hook only.
             self._track(trial_id, result)

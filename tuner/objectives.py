@@ -20,7 +20,8 @@ report of a trial:
 * ``pareto``: the metric and the cost, both at the end of the run; no ASHA (a
   multi-objective study has no single metric to cut on).
 
-A trial's outcome (:func:`trial_status`): ``failed`` (it raised), ``diverged`` (non-finite
+A trial's outcome (:func:`trial_status`): ``failed`` (it raised, or its last report names a
+failure under ``FAILURE_KEY``: a stage that does not fit in memory), ``diverged`` (non-finite
 loss), ``completed`` (all epochs, or the target reached), else ``stopped`` (ASHA or a cancel
 ended it early). Only completed trials are eligible as the study's result.
 """
@@ -44,12 +45,14 @@ from tuner.tasks import MetricDirection
 from tuner.trial_config import STOP_AFTER_KEY
 
 __all__ = [
+    "FAILURE_KEY",
     "JUMP_KEY",
     "ObjectiveSpec",
     "StudyObjective",
     "TrialOutcome",
     "compare",
     "epochs_done",
+    "failure_of",
     "loss_jump",
     "metric_words",
     "objective_metric",
@@ -74,10 +77,11 @@ COST_KEYS: dict[str, str] = {"steps": "steps", "wall_time": "wall_time_s"}
 
 
 def epochs_done(result: Mapping[str, Any]) -> int:
-    """Epochs a trial has trained, from its last report (0 if none)."""
+    """Epochs a trial has trained, from its last report (0 if none). A failure report (see
+    :func:`failure_of`) ends an epoch that was not trained to its end."""
     it = result.get("training_iteration")
     if isinstance(it, int) and not isinstance(it, bool):
-        return it
+        return max(0, it - 1) if failure_of(result) else it
     epoch = result.get("epoch")
     if isinstance(epoch, int) and not isinstance(epoch, bool):
         return epoch + 1
@@ -252,9 +256,9 @@ class StudyObjective:
 
     def values(self, result: Mapping[str, Any]) -> tuple[float, ...] | None:
         """The objective value(s) of a trial whose last report is ``result``; ``None`` when the
-        report lacks what they need (no metric, no cost)."""
+        report lacks what they need (no metric, no cost) or says the trial failed."""
         acc = self.metric_of(result)
-        if acc is None:
+        if acc is None or failure_of(result) is not None:
             return None
         if isinstance(self.spec, AccuracyObjective):
             return (acc,)
@@ -305,6 +309,17 @@ def is_stage_stop(reason: str | None) -> bool:
 #: diverged (:func:`loss_jump`); None in every other result.
 JUMP_KEY: Final = "diverged_from_loss"
 
+#: Key of a trial's last report that says why it failed without raising: the trainable ends a
+#: trial whose stage does not fit in memory (even at micro-batch 1) with such a report, so its
+#: Ray actor and worker processes serve the next trial instead of being started again.
+FAILURE_KEY: Final = "failure"
+
+
+def failure_of(result: Mapping[str, Any] | None) -> str | None:
+    """Why the trial whose report is ``result`` failed, if that report says it did."""
+    value = (result or {}).get(FAILURE_KEY)
+    return value if isinstance(value, str) and value else None
+
 
 def loss_jump(
     previous: Iterable[float | None], loss: float | None, factor: float | None
@@ -336,6 +351,9 @@ def trial_status(
     done = epochs_done(result)
     if error:
         return "failed", "the trial raised an error"
+    failure = failure_of(result)
+    if failure is not None:
+        return "failed", f"the trial failed in epoch {done + 1}: {failure}"
     if result.get("diverged"):
         lowest, loss = _number(result, JUMP_KEY), _number(result, "val_loss")
         if lowest is not None and loss is not None:

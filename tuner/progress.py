@@ -42,6 +42,7 @@ from tuner.objectives import (
     StudyObjective,
     TrialOutcome,
     epochs_done,
+    failure_of,
     select_best,
     trial_status,
 )
@@ -104,7 +105,7 @@ def _final(
         return float(value) if math.isfinite(float(value)) else None
 
     steps, samples = num("steps"), num("samples")
-    done = result.get("training_iteration")
+    done = epochs_done(result) if isinstance(result.get("training_iteration"), int) else None
     return {
         "val_accuracy": num("val_accuracy"),
         "val_loss": num("val_loss"),
@@ -301,8 +302,8 @@ class StoreProgress(tune.Callback):
         self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
     ) -> None:
         record_id = self._record_id(trial)
-        if record_id is None:
-            return
+        if record_id is None or failure_of(result) is not None:
+            return  # a failure report ends an epoch that was not trained: no metrics to keep
         epoch, metrics = epoch_metrics(result)
         try:
             self.store.add_epoch_metrics(record_id, epoch, metrics)

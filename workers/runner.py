@@ -38,7 +38,13 @@ from tuner.engine_search import PriorTrial, TrialMeta
 from tuner.errors import InvalidStateError, StagetuneError, ValidationError
 from tuner.export import export_yaml
 from tuner.formatting import format_duration, format_metric
-from tuner.objectives import StudyObjective, TrialOutcome, search_text, trial_status
+from tuner.objectives import (
+    StudyObjective,
+    TrialOutcome,
+    epochs_done,
+    search_text,
+    trial_status,
+)
 from tuner.pbt import LINEAGE_KEY
 from tuner.progress import StoreProgress, StudyWatch, outcome_of_record
 from tuner.schedule import Schedule
@@ -536,7 +542,7 @@ class TrialPrinter(tune.Callback):
         self.console.print(
             f"[{self._done:>3}/{self.budget}] trial {meta.number:>3} "
             f"[{meta.baseline or 'tuned'}] {status}: {self._metric_text(r)} after "
-            f"{r.get('training_iteration', 0)} epoch(s), {r.get('steps', '-')} steps, "
+            f"{epochs_done(r)} epoch(s), {r.get('steps', '-')} steps, "
             f"{format_duration(float(r.get('wall_time_s') or 0.0))}{fork_text}"
         )
 

@@ -15,7 +15,10 @@ model, optimizer and RNGs from the new trial's seed. Results do not depend on wh
 
 Failure behaviour: a diverged trial reports ``diverged: True`` and ``done: True`` with its
 metrics so far; a stage that does not fit in memory is retried with more accumulation and
-fails with :class:`workers.loop.TrialOOMError` only at micro-batch 1; a worker that dies makes
+fails only at micro-batch 1, where every rank raises :class:`workers.loop.TrialOOMError`
+together: the trial then ends with a last report whose ``failure`` says why
+(:data:`tuner.objectives.FAILURE_KEY`; no metric, ``done: True``), not with an error, so Tune
+keeps the actor and its workers for the next trial; a worker that dies makes
 ``step()`` raise :class:`workers.gang.WorkerDiedError` (the trial fails with that reason, and
 the next trial, or ``reset_config()``, gets fresh workers).
 
@@ -46,11 +49,11 @@ from ray import tune
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from tuner.errors import StagetuneError, ValidationError
-from tuner.objectives import JUMP_KEY, loss_jump
+from tuner.objectives import FAILURE_KEY, JUMP_KEY, loss_jump
 from tuner.prefixes import PrefixStore, boundaries, prefix_key
 from tuner.trial_config import TrialConfig, TrialResources
 from workers.gang import Gang, GangError
-from workers.loop import TrialWorker
+from workers.loop import TrialOOMError, TrialWorker
 from workers.tasks import Task
 
 __all__ = ["EXTRA_KEYS", "METRIC_KEYS", "PROBE_KEYS", "ScheduleTrainable", "resource_request"]
@@ -345,7 +348,10 @@ class ScheduleTrainable(tune.Trainable):
             )
             return replayed
         started = time.perf_counter()
-        results = self._gang.call("train_epoch", self._epoch)
+        try:
+            results = self._gang.call("train_epoch", self._epoch)
+        except TrialOOMError as exc:
+            return self._failed(str(exc))
         loop_time = time.perf_counter() - started
         first = results[0]
         metrics: dict[str, Any] = {key: first[key] for key in METRIC_KEYS}
@@ -398,4 +404,29 @@ class ScheduleTrainable(tune.Trainable):
         metrics["replayed"] = False
         self._finished = done
         metrics["done"] = done
+        return metrics
+
+    def _failed(self, reason: str) -> dict[str, Any]:
+        """The last report of a trial whose epoch failed on every rank alike (a stage that
+        does not fit in memory even at micro-batch 1): ``failure`` says why, no metric has a
+        value, the counters are those of the last epoch trained. The gang is unharmed (every
+        rank dropped the step), so the trial ends as a result instead of an error and Tune
+        keeps this actor and its workers for the next trial."""
+        last = self._history[-1] if self._history else {}
+        metrics: dict[str, Any] = dict.fromkeys((*METRIC_KEYS, *EXTRA_KEYS))
+        metrics.update({k: None for k in last if k.startswith("val_")})
+        metrics.update(val_accuracy=None, score=None, diverged=False, epoch=self._epoch)
+        metrics[self._spec.metric] = None
+        for key in ("steps", "samples", "wall_time_s"):
+            metrics[key] = last.get(key, 0)
+        metrics[FAILURE_KEY] = reason
+        metrics.update(
+            compute_epochs=self._compute_epochs,
+            forked_epochs=self._forked_epochs,
+            replayed=False,
+            done=True,
+        )
+        self._epoch += 1
+        self._finished = True
+        log.info("trial failed in epoch %s: %s", self._epoch, reason)
         return metrics

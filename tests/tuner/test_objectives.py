@@ -15,6 +15,8 @@ from tuner.formatting import format_bytes
 from tuner.objectives import (
     StudyObjective,
     TrialOutcome,
+    epochs_done,
+    failure_of,
     loss_jump,
     pareto_front,
     search_text,
@@ -125,6 +127,12 @@ def test_pareto_objective_has_two_values_and_no_early_stopping() -> None:
         ),
         (report(3, 0.5, 10), True, "failed", "raised"),
         (None, True, "failed", "raised"),
+        (
+            report(4, 0.0, 10, failure="out of memory at global batch 512"),
+            False,
+            "failed",
+            "the trial failed in epoch 4: out of memory at global batch 512",
+        ),
     ],
 )
 def test_trial_status_tells_how_a_trial_ended(
@@ -133,6 +141,26 @@ def test_trial_status_tells_how_a_trial_ended(
     got_status, got_reason = trial_status(objective("{kind: accuracy}"), result, error=error)
     assert got_status == status
     assert reason in got_reason
+
+
+def test_a_failure_report_ends_a_trial_as_failed_with_no_value() -> None:
+    """The trainable ends a trial whose stage does not fit in memory with a report that says
+    so (``FAILURE_KEY``), not an error: the epoch it reports was not trained, and the trial
+    has no objective value even where the report carries numbers."""
+    obj = objective("{kind: accuracy}")
+    failed = report(3, 0.9, 10, failure="out of memory at global batch 512 (stage 2)")
+    assert failure_of(failed) == "out of memory at global batch 512 (stage 2)"
+    assert epochs_done(failed) == 2  # Tune counted the report; two epochs were trained
+    assert obj.values(failed) is None
+    assert trial_status(obj, failed, error=False) == (
+        "failed",
+        "the trial failed in epoch 3: out of memory at global batch 512 (stage 2)",
+    )
+    # An empty or missing failure is no failure.
+    for result in (report(3, 0.9, 10, failure=None), report(3, 0.9, 10, failure=""), None):
+        assert failure_of(result) is None
+    assert epochs_done(report(3, 0.9, 10)) == 3
+    assert obj.values(report(3, 0.9, 10)) == (0.9,)
 
 
 def test_a_loss_far_above_the_runs_lowest_is_a_jump() -> None:

@@ -24,9 +24,11 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from tuner.errors import ValidationError
+from tuner.objectives import StudyObjective, failure_of, trial_status
 from tuner.schedule import Schedule, Stage, place_batch
+from tuner.spec import AccuracyObjective
 from workers.gang import WorkerContext
-from workers.loop import LARS, TrialOOMError, TrialWorker
+from workers.loop import LARS, TrialWorker
 from workers.noise_scale import NoiseScaleEstimator, unbiased_estimates
 from workers.tasks import BaseTask, TaskData, TaskOptions, get_task
 from workers.tasks.base import load_tensors
@@ -473,10 +475,34 @@ def test_out_of_memory_retries_with_more_accumulation(
 def test_out_of_memory_at_micro_batch_one_fails_with_a_clear_reason(
     start_trial: Callable[[dict[str, Any]], ScheduleTrainable],
 ) -> None:
+    """Every rank raises :class:`workers.loop.TrialOOMError` together; the trial ends with a
+    last report that says why (no metric, ``done``) and its workers train the next trial."""
     schedule = Schedule.constant(8, 1, 0.05)
     trainable = start_trial(trial_config(schedule, OOMAlwaysTask.name))
-    with pytest.raises(TrialOOMError, match="even with micro-batch 1"):
-        trainable.train()
+    pids = trainable.worker_pids
+    last = trainable.train()
+    assert last["done"] is True
+    failure = failure_of(last)
+    assert failure is not None
+    assert "out of memory" in failure
+    assert "even with micro-batch 1" in failure
+    assert last["val_accuracy"] is None
+    assert last["score"] is None
+    assert last["steps"] == 0
+    assert last["epoch"] == 0  # the epoch it failed in, not trained
+    objective = StudyObjective(AccuracyObjective(), total_epochs=1)
+    status, reason = trial_status(objective, last, error=False)
+    assert status == "failed"
+    assert "out of memory" in reason
+    assert objective.values(last) is None
+
+    # The same processes train the next trial.
+    digits = Schedule.constant(32, 1, 0.05)
+    trainable = start_trial(trial_config(digits, "digits"))
+    assert trainable.worker_pids == pids
+    results = run_trial(trainable)
+    assert results[-1]["val_accuracy"] > 0.5
+    assert failure_of(results[-1]) is None
 
 
 @pytest.mark.ray
