@@ -426,7 +426,6 @@ class ScheduleTrainable(tune.Trainable):
             replayed=False,
             done=True,
         )
-        self._epoch += 1
-        self._finished = True
-        log.info("trial failed in epoch %s: %s", self._epoch, reason)
+        self._finished = True  # the epoch counter stays at the epochs trained
+        log.info("trial failed in epoch %s: %s", self._epoch + 1, reason)
         return metrics
