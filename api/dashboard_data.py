@@ -84,6 +84,8 @@ BASELINE_LABELS: Final[Mapping[str, str]] = {
     "fitted_batch_warmup": "budget-fitted batch warm-up",
     "recipe_lr_half": "best recipe at half the LR",
     "recipe_first_lr_double": "best recipe at twice the first stage's LR",
+    "runner_up_lr_half": "second-best recipe at half the LR",
+    "runner_up_first_lr_double": "second-best recipe at twice the first stage's LR",
 }
 
 #: An incremental poll (``since``) re-sends trials finished this long before ``since``

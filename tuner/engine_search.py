@@ -77,7 +77,13 @@ from tuner.optuna_storage import (
     STAGE_ROUND_ATTR,
     open_storage,
 )
-from tuner.recipes import LR_VARIANTS, RECIPES, lr_variants, recipe_schedules
+from tuner.recipes import (
+    LR_VARIANTS,
+    RECIPES,
+    RUNNER_UP_VARIANTS,
+    lr_bracket,
+    recipe_schedules,
+)
 from tuner.schedule import Schedule
 from tuner.space import ScheduleSpace, StepCap, constraint_violations
 from tuner.trial_config import STOP_AFTER_KEY
@@ -766,11 +772,12 @@ class ScheduleSearcher(Searcher):
         return self._recipe_queue
 
     def _pending_variants(self) -> list[tuple[str, dict[str, Any]]]:
-        """The LR variants of the best recipe still to draw (:func:`tuner.recipes.lr_variants`),
-        as Optuna parameters: none until every recipe trial of this run has finished (the
-        best is ranked as prefix reuse ranks parents: the furthest epoch reached, then its
-        score there), at most one per :data:`VARIANT_SHARE` tuned trials of the budget (a
-        small budget is not spent on one recipe's neighbourhood), none in the stage-wise
+        """The LR variants of the best :data:`~tuner.recipes.BRACKETED_RECIPES` recipes still
+        to draw (:func:`tuner.recipes.lr_bracket`), as Optuna parameters: none until every
+        recipe trial of this run has finished (ranked as prefix reuse ranks parents: the
+        furthest epoch reached, then the score there), at most one per
+        :data:`VARIANT_SHARE` tuned trials of the budget (a small budget is not spent on the
+        recipes' neighbourhood; the best one's variants come first), none in the stage-wise
         search; those a resumed study drew before its restart are left out."""
         if self._variant_queue is not None:
             return self._variant_queue
@@ -787,18 +794,22 @@ class ScheduleSearcher(Searcher):
                 ranked.append((at, score, -meta.number, meta))
         if not ranked:
             return self._variant_queue
-        best = max(ranked, key=lambda r: r[:3])[3]
+        ranked.sort(key=lambda r: r[:3], reverse=True)
+        best = [r[3] for r in ranked]
         drawn = {t.user_attrs.get(CANDIDATE_ATTR) for t in self.study.get_trials(deepcopy=False)}
-        schedule = self._space.sample(optuna.trial.FixedTrial(best.params), self._cap)
+        schedules = [
+            self._space.sample(optuna.trial.FixedTrial(meta.params), self._cap) for meta in best
+        ]
         tuned = None if self._budget is None else self._budget - len(self._baselines)
         allowed = len(LR_VARIANTS) if tuned is None else tuned // VARIANT_SHARE
-        for name, variant in lr_variants(self._space, schedule)[:allowed]:
+        for name, variant in lr_bracket(self._space, schedules)[:allowed]:
             if name in drawn:
                 continue
             params = self._space.params_for(variant, self._cap)
             if params is None:
                 continue
-            log.info("%s candidate (of %s): %s", name, best.candidate, variant.summary())
+            of = best[1] if name in RUNNER_UP_VARIANTS else best[0]
+            log.info("%s candidate (of %s): %s", name, of.candidate, variant.summary())
             self._variant_queue.append((name, params))
         return self._variant_queue
 

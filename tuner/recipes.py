@@ -80,8 +80,12 @@ linear 20.06. And everywhere warm-up-stable-decay beat a cosine decay over the r
 batch, under each rule.
 
 **The LR bracket** (:func:`lr_variants`): the recipes fix the LR by a rule, and which LR a
-budget rewards differs by task, so once they have trained the searcher draws the best one
-again with the first stage's LR multiplier doubled and with every stage's halved. Measured
+budget rewards differs by task, so once they have trained the searcher draws the best two
+(:func:`lr_bracket`) again with the first stage's LR multiplier doubled and with every stage's
+halved. Two, because the recipes are ranked at their rule's LR on one seed: at tinylm's 1/5
+step cap (validation loss, trial seeds 0-4) the constant recipe wins at its rule's LR on seed 0
+(2.61 nats against the increase recipe's 2.70), while the increase recipe at half its LR
+reaches 2.58 there and 2.54 on average (the constant recipe 2.61, halved 2.69). Measured
 in-process at the quality bench's 1/5 step caps (validation, trial seeds 0-2,
 ``fitted_batch_warmup``): ``denoise`` 26.64 / 27.59 / 28.27 dB, the first stage doubled 27.50
 / 28.48 / 28.70, every stage doubled 26.91 / 24.09 / 23.05; ``tinylm`` 2.81 / 2.42 / 2.52
@@ -96,7 +100,7 @@ single-objective studies get them (a Pareto search has no single step budget to 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Final
 
@@ -109,6 +113,7 @@ from tuner.space import ScheduleSpace, constraint_violations, lr_multiplier_grid
 from tuner.spec import StageDecay
 
 __all__ = [
+    "BRACKETED_RECIPES",
     "COOLDOWN_FRACTION",
     "FITTED_BATCH_WARMUP",
     "FITTED_CONSTANT",
@@ -119,6 +124,10 @@ __all__ = [
     "RECIPES",
     "RECIPE_FIRST_LR_DOUBLE",
     "RECIPE_LR_HALF",
+    "RUNNER_UP_FIRST_LR_DOUBLE",
+    "RUNNER_UP_LR_HALF",
+    "RUNNER_UP_VARIANTS",
+    "lr_bracket",
     "lr_variants",
     "recipe_schedules",
 ]
@@ -135,8 +144,20 @@ RECIPES: Final = (FITTED_CONSTANT, FITTED_INCREASE, FITTED_CONSTANT_SQRT, FITTED
 #: alone doubled, every stage's halved.
 RECIPE_FIRST_LR_DOUBLE: Final = "recipe_first_lr_double"
 RECIPE_LR_HALF: Final = "recipe_lr_half"
+#: The same bracket around the second-best recipe (:func:`lr_bracket`).
+RUNNER_UP_FIRST_LR_DOUBLE: Final = "runner_up_first_lr_double"
+RUNNER_UP_LR_HALF: Final = "runner_up_lr_half"
+RUNNER_UP_VARIANTS: Final = (RUNNER_UP_FIRST_LR_DOUBLE, RUNNER_UP_LR_HALF)
 #: The LR variants, in the order the search trains them.
-LR_VARIANTS: Final = (RECIPE_FIRST_LR_DOUBLE, RECIPE_LR_HALF)
+LR_VARIANTS: Final = (RECIPE_FIRST_LR_DOUBLE, RECIPE_LR_HALF, *RUNNER_UP_VARIANTS)
+#: How many of the best recipes the LR bracket goes around (:func:`lr_bracket`): the recipes
+#: are ranked at their rule's LR on one seed, and the one that wins there need not be the one
+#: that wins at its best LR (module docstring).
+BRACKETED_RECIPES: Final = 2
+_RUNNER_UP_NAMES: Final = {
+    RECIPE_FIRST_LR_DOUBLE: RUNNER_UP_FIRST_LR_DOUBLE,
+    RECIPE_LR_HALF: RUNNER_UP_LR_HALF,
+}
 #: The most the batch warm-up recipe's LR may grow at its one batch increase: the factor of
 #: one cut of the increase recipe (Smith et al.'s 4x batch). A larger jump, mid-run and with a
 #: short warm-up, diverged where it was measured (module docstring).
@@ -211,6 +232,22 @@ def lr_variants(space: ScheduleSpace, schedule: Schedule) -> list[tuple[str, Sch
         )
         if stages != schedule.stages and all(stages != other.stages for _, other in out):
             out.append((name, replace(schedule, stages=stages)))
+    return out
+
+
+def lr_bracket(space: ScheduleSpace, ranked: Sequence[Schedule]) -> list[tuple[str, Schedule]]:
+    """The LR bracket around the best :data:`BRACKETED_RECIPES` of ``ranked`` (the recipes
+    that trained, best first), in :data:`LR_VARIANTS` order: the best one's
+    :func:`lr_variants`, then the second's under the ``runner_up_`` names. A variant that
+    comes out equal to a ranked recipe or to an earlier variant is left out."""
+    out: list[tuple[str, Schedule]] = []
+    for rank, schedule in enumerate(ranked[:BRACKETED_RECIPES]):
+        for name, variant in lr_variants(space, schedule):
+            if any(variant.stages == other.stages for other in ranked) or any(
+                variant.stages == other.stages for _, other in out
+            ):
+                continue
+            out.append((name if rank == 0 else _RUNNER_UP_NAMES[name], variant))
     return out
 
 

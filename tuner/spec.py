@@ -541,8 +541,9 @@ class Budget(_Model):
         "(a short first stage, then one larger batch: the pair with the most steps whose LR "
         "grows at most 4x). They seed "
         "the sampler and are reported beside the baselines (fitted_constant, fitted_increase, "
-        "fitted_constant_sqrt, fitted_batch_warmup). Once they have trained, the best one trains "
-        "again with its LR moved (recipe_first_lr_double, recipe_lr_half; "
+        "fitted_constant_sqrt, fitted_batch_warmup). Once they have trained, the best two train "
+        "again with their LR moved (recipe_first_lr_double, recipe_lr_half, then "
+        "runner_up_first_lr_double, runner_up_lr_half; "
         "at most one of 6 tuned trials of the budget; not in the stage-wise search). "
         "Single-objective studies with the optuna or stagewise search.",
     )

@@ -34,6 +34,8 @@
     fitted_batch_warmup: "budget-fitted batch warm-up",
     recipe_lr_half: "best recipe at half the LR",
     recipe_first_lr_double: "best recipe at twice the first stage's LR",
+    runner_up_lr_half: "second-best recipe at half the LR",
+    runner_up_first_lr_double: "second-best recipe at twice the first stage's LR",
   };
   var PLOT_CONFIG = {
     displaylogo: false,

@@ -22,6 +22,9 @@ from tuner.recipes import (
     MAX_LR_JUMP,
     RECIPE_FIRST_LR_DOUBLE,
     RECIPE_LR_HALF,
+    RUNNER_UP_FIRST_LR_DOUBLE,
+    RUNNER_UP_LR_HALF,
+    lr_bracket,
     lr_variants,
     recipe_schedules,
 )
@@ -376,7 +379,7 @@ def test_the_lr_variants_bracket_a_schedules_lr_and_keep_everything_else() -> No
     space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
     recipe = recipes(SPEC)[FITTED_INCREASE]
     variants = dict(lr_variants(space, recipe))
-    assert list(variants) == list(LR_VARIANTS)
+    assert list(variants) == [RECIPE_FIRST_LR_DOUBLE, RECIPE_LR_HALF]
     mults = [st.lr_multiplier for st in recipe.stages]
     low, high = space.lr_mult_min, space.lr_mult_max
     assert mults == [1.0, 0.25, 0.25]  # the later stages at the range's bottom
@@ -421,12 +424,12 @@ def _finish(searcher: ScheduleSearcher, trial_id: str, score: float, epochs: int
     searcher.on_trial_complete(trial_id, result)
 
 
-def test_once_the_recipes_have_trained_the_best_ones_lr_variants_come_next(
+def test_once_the_recipes_have_trained_the_best_two_ones_lr_variants_come_next(
     tmp_path: Path,
 ) -> None:
     """The recipes first; while one is still training the sampler draws; once all have
-    finished, the best one's LR variants (by the furthest epoch reached, then the score), once
-    each, then the sampler again."""
+    finished, the LR variants of the best two (ranked by the furthest epoch reached, then the
+    score), the best one's first, once each, then the sampler again."""
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     searcher = make_searcher(storage)
     first = [searcher.suggest(f"t{i}") for i in range(3)]
@@ -438,41 +441,80 @@ def test_once_the_recipes_have_trained_the_best_ones_lr_variants_come_next(
     drawn = searcher.suggest("t3")
     assert drawn[META_KEY]["candidate"] is None  # type: ignore[index]
     _finish(searcher, "t1", 0.97)
-    best = Schedule.from_dict(first[1]["schedule"])  # type: ignore[index]
+    best, second = (Schedule.from_dict(first[i]["schedule"]) for i in (1, 0))  # type: ignore[index]
     spec = StudySpec.from_yaml(SPEC)
     space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
     expected = dict(lr_variants(space, best))
+    runner_up = {
+        RECIPE_FIRST_LR_DOUBLE: RUNNER_UP_FIRST_LR_DOUBLE,
+        RECIPE_LR_HALF: RUNNER_UP_LR_HALF,
+    }
+    for name, variant in lr_variants(space, second):
+        expected[runner_up[name]] = variant
+    assert list(expected) == list(LR_VARIANTS)
     assert [name for name, _ in searcher._pending_variants()] == list(LR_VARIANTS)
     copy = pickle.dumps(searcher)  # the queue planned, nothing of it drawn yet
     variants = [searcher.suggest("t4")]
-    # Restored from that copy after the first was drawn: only the second is still to draw.
+    # Restored from that copy after the first was drawn: only the others are still to draw.
     restored = pickle.loads(copy)
-    assert [name for name, _ in restored._pending_variants()] == [RECIPE_LR_HALF]
-    variants.append(searcher.suggest("t5"))
+    assert [name for name, _ in restored._pending_variants()] == list(LR_VARIANTS[1:])
+    variants += [searcher.suggest(f"t{i}") for i in range(5, 8)]
     assert [v[META_KEY]["candidate"] for v in variants] == list(LR_VARIANTS)  # type: ignore[index]
     for v in variants:
         name = v[META_KEY]["candidate"]  # type: ignore[index]
         assert Schedule.from_dict(v["schedule"]).stages == expected[name].stages  # type: ignore[index]
-    after = searcher.suggest("t6")
+    after = searcher.suggest("t8")
     assert after[META_KEY]["candidate"] is None  # type: ignore[index]
     # Tune's restore path (set_state) reads them back from the Optuna study too.
     again = pickle.loads(copy)
     again.set_state(searcher.get_state())
     assert again._pending_variants() == []
     ot = searcher.study.get_trials(deepcopy=False)
-    assert [t.user_attrs.get(CANDIDATE_ATTR) for t in ot][4:6] == list(LR_VARIANTS)
+    assert [t.user_attrs.get(CANDIDATE_ATTR) for t in ot][4:8] == list(LR_VARIANTS)
+
+
+def test_the_lr_bracket_goes_around_the_best_two_recipes_and_trains_nothing_twice() -> None:
+    """The best recipe's variants under their names, then the second's under the runner-up
+    names; a third recipe gets none; a variant equal to a ranked recipe or an earlier
+    variant is left out."""
+    spec = StudySpec.from_yaml(SPEC)
+    space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
+    made = recipes(SPEC)
+    constant, increase = made[FITTED_CONSTANT], made[FITTED_INCREASE]
+    bracket = lr_bracket(space, [increase, constant, made[FITTED_BATCH_WARMUP]])
+    assert [name for name, _ in bracket] == list(LR_VARIANTS)
+    assert (
+        dict(bracket)[RECIPE_LR_HALF].stages
+        == dict(lr_variants(space, increase))[RECIPE_LR_HALF].stages
+    )
+    assert (
+        dict(bracket)[RUNNER_UP_LR_HALF].stages
+        == dict(lr_variants(space, constant))[RECIPE_LR_HALF].stages
+    )
+    # The runner-up is the best one at twice its LR: the best one's doubled variant is the
+    # runner-up itself and the runner-up's halved one the best recipe (both left out).
+    (stage,) = constant.stages
+    doubled = replace(constant, stages=(replace(stage, lr_multiplier=stage.lr_multiplier * 2),))
+    bracket = lr_bracket(space, [constant, doubled])
+    assert [name for name, _ in bracket] == [RECIPE_LR_HALF, RUNNER_UP_FIRST_LR_DOUBLE]
+    assert dict(bracket)[RUNNER_UP_FIRST_LR_DOUBLE].stages[0].lr_multiplier == pytest.approx(
+        stage.lr_multiplier * 4
+    )
+    # One recipe: its own bracket only.
+    assert [name for name, _ in lr_bracket(space, [constant])] == list(LR_VARIANTS[:2])
 
 
 def test_a_small_budget_spends_at_most_a_sixth_of_its_trials_on_lr_variants(
     tmp_path: Path,
 ) -> None:
-    """With 12 tuned trials both variants are drawn, with 6 one, with 5 none."""
-    for budget, wanted in ((12, 2), (6, 1), (5, 0)):
+    """With 24 tuned trials all four variants are drawn, with 12 the best recipe's two, with
+    6 one, with 5 none."""
+    for budget, wanted in ((24, 4), (12, 2), (6, 1), (5, 0)):
         searcher = make_searcher(f"sqlite:///{tmp_path / f'b{budget}.db'}", budget=budget)
         for i in range(3):
             searcher.suggest(f"t{i}")
         for i, score in enumerate((0.95, 0.97, 0.96)):
             _finish(searcher, f"t{i}", score)
-        later = [searcher.suggest(f"t{i}") for i in range(3, 5)]
-        got = [c[META_KEY]["candidate"] for c in later if isinstance(c, dict)]
-        assert got == [*LR_VARIANTS[:wanted], *[None] * (2 - wanted)], budget
+        later = [searcher.suggest(f"t{i}") for i in range(3, min(budget, 8))]
+        got = [c[META_KEY]["candidate"] for c in later]  # type: ignore[index]
+        assert got == [*LR_VARIANTS[:wanted], *[None] * (len(later) - wanted)], budget
