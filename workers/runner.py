@@ -52,6 +52,7 @@ from tuner.seeds import seed_text
 from tuner.spec import ResolvedSpec, StudySpec, TaskDefaults
 from tuner.store.records import StudyStatus, TrialStatus, optuna_study_name
 from tuner.store.storage import StudyStore
+from workers.console import stdout_console
 
 __all__ = [
     "StudyResult",
@@ -388,9 +389,7 @@ def tune_spec(
 
     ``console`` is a ``rich.console.Console`` (default: stdout); ``quiet`` prints nothing.
     """
-    from rich.console import Console
-
-    out = Console(quiet=quiet) if console is None else console
+    out = stdout_console(quiet=quiet) if console is None else console
     resolved, _ = check_spec(spec)  # before creating the study (the data stays cached)
     store = StudyStore(database_url, create=True)
     try:
@@ -463,9 +462,7 @@ class TrialPrinter(tune.Callback):
     @property
     def console(self) -> Any:
         if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(quiet=self.quiet)
+            self._console = stdout_console(quiet=self.quiet)
         return self._console
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:

@@ -4,10 +4,17 @@ the test regression task, declared on its options model)."""
 
 from __future__ import annotations
 
+import io
+import os
+import re
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from tests.regression_task import TASK_NAME, LinearRegression, regression_task
@@ -17,6 +24,7 @@ from tuner.schedule import Schedule, Stage
 from tuner.seeds import seed_stats
 from tuner.spec import StudySpec
 from tuner.store.records import StudyStatus
+from workers.console import LOG_WIDTH, stdout_console
 from workers.runner import StudyResult, TrialPrinter, print_result
 
 __all__ = ["regression_task"]  # the fixture, used here
@@ -131,3 +139,64 @@ def test_trial_lines_show_the_study_metric(regression_task: LinearRegression) ->
     mse = line(objective({"task": TASK_NAME}), {"val_loss": 0.0123456, "val_mse": 0.0246912})
     assert "val_mse 0.02469" in mse
     assert "val_accuracy" not in mse
+
+
+def test_to_a_pipe_the_result_table_keeps_names_and_schedules_whole() -> None:
+    """Printed to a pipe or a log file, where rich would use 80 columns: the candidates' names
+    (``fitted…``) and the schedules were cut. The CLI's console there is 160 columns wide."""
+    obj = objective({"task": "digits"})
+    small = outcome(0, 0.9, obj, baseline="small_batch")
+    variant = replace(
+        outcome(7, 0.93456, obj, extra={"candidate": "runner_up_first_lr_double"}),
+        summary="128@0-22 -> 512@22-27 -> 1024@27-30",
+    )
+    result = StudyResult(
+        study_id=1,
+        status=StudyStatus.COMPLETED,
+        summary=summarize([small, variant], obj),
+        outcomes=(),
+        best_number=7,
+        best_is_baseline=False,
+        best_schedule=None,
+        schedule_path=Path("best.yaml"),
+    )
+    out = io.StringIO()
+    console = stdout_console(file=out)
+    assert not console.is_terminal
+    assert console.width >= LOG_WIDTH
+    print_result(result, console)
+    rows = [line for line in out.getvalue().splitlines() if "runner_up_first_lr_double" in line]
+    assert len(rows) == 1, out.getvalue()
+    assert "runner_up_first_lr_double (tuned)" in rows[0]
+    assert "128@0-22 -> 512@22-27 -> 1024@27-30" in rows[0]
+    assert "0.9346" in rows[0]
+
+
+def test_a_width_given_or_columns_set_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert stdout_console(file=io.StringIO(), width=100).width == 100
+    monkeypatch.setenv("COLUMNS", "220")
+    assert stdout_console(file=io.StringIO()).width == 220
+
+
+@pytest.mark.slow
+@pytest.mark.ray_free
+def test_stagetune_tasks_to_a_pipe_prints_whole_lines(tmp_path: Path) -> None:
+    """The real console script, its stdout a pipe and no ``COLUMNS``: each task's first line
+    (name, epochs, base batch and LR, optimizer) is one line, as on a terminal."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["STAGETUNE_DATA_DIR"] = str(tmp_path / "d")
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("stagetune")), "tasks"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    header = re.compile(
+        r"^(\S+): \d+ epochs, base batch \d+ at LR \S+, \w+ \(momentum \S+, weight decay \S+\)$"
+    )
+    names = [m.group(1) for m in map(header.match, done.stdout.splitlines()) if m]
+    assert {"cifar10", "denoise", "digits", "mnist1d", "tinylm"} <= set(names), done.stdout

@@ -38,6 +38,7 @@ from tuner.errors import (
     ValidationError,
 )
 from workers.cli.app import app
+from workers.console import stdout_console
 
 DEFAULT_URL: Final = "http://127.0.0.1:8000"
 URL_ENV: Final = "STAGETUNE_URL"
@@ -246,13 +247,6 @@ def progress_line(study: Mapping[str, Any]) -> str:
     )
 
 
-def _stdout() -> Console:
-    console = Console(soft_wrap=False)
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 160), soft_wrap=False)
-    return console
-
-
 def _print_study(study: Mapping[str, Any]) -> None:
     p = _progress(study)
     grid = Table.grid(padding=(0, 2))
@@ -284,7 +278,7 @@ def _print_study(study: Mapping[str, Any]) -> None:
         grid.add_row("worker", f"{study['worker_id']} (attempt {study.get('attempts', '?')})")
     if study.get("error"):
         grid.add_row("error", _one_line(str(study["error"])))
-    _stdout().print(grid)
+    stdout_console().print(grid)
 
 
 def _print_studies(page: Mapping[str, Any]) -> None:
@@ -305,7 +299,7 @@ def _print_studies(page: Mapping[str, Any]) -> None:
             best_text(study),
             str(study.get("created_at") or "")[:19].replace("T", " "),
         )
-    console = _stdout()
+    console = stdout_console()
     if not studies:
         console.print("no studies")
         return

@@ -98,8 +98,7 @@ def tasks(
     ] = None,
 ) -> None:
     """List the tasks a study may name, with their defaults and options."""
-    from rich.console import Console
-
+    from workers.console import stdout_console
     from workers.tasks import list_tasks
     from workers.tasks.base import check_model
 
@@ -116,7 +115,7 @@ def tasks(
                 + (f"{data.num_classes} classes" if data.num_classes else "its own loss")
                 + f"; model {params:,} parameters"
             )
-    console = Console(highlight=False)
+    console = stdout_console(highlight=False)
     for info in list_tasks():
         opt = info.default_optimizer
         console.print(
