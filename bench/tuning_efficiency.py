@@ -237,6 +237,12 @@ def study_config(args: argparse.Namespace, max_steps: int | None, budget: int) -
     }
 
 
+#: What a ``--reuse`` file may differ in from this run (a variant run of some methods against
+#: the others as an earlier run measured them): ASHA's grace period, which random search and
+#: PBT do not use. The results name the reused studies' setting (``reused.differs``).
+REUSE_MAY_DIFFER = ("grace",)
+
+
 def reused_studies(
     args: argparse.Namespace, max_steps: int | None, budget: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -246,14 +252,24 @@ def reused_studies(
     old = json.loads(args.reuse.read_text("utf-8"))
     cfg = old["config"]
     mine = study_config(args, max_steps, budget)
-    differ = [k for k in mine if cfg.get(k) != mine[k]]
+    first = getattr(args, "first_seed", 0)
+    source = (old.get("reused") or {}).get("differs")
+    if source and getattr(args, "rescore", None) is None:
+        raise SystemExit(
+            f"--reuse {args.reuse}: a variant run, whose reused studies ran with other "
+            f"settings ({', '.join(f'{k}={v!r}' for k, v in source.items())}); reuse the file "
+            f"they came from, {old['reused']['file']}"
+        )
+    # A variant run (a plain --reuse: not --rescore, not --first-seed, which would mix two
+    # settings within one method) may differ in what REUSE_MAY_DIFFER names; the results say so.
+    variant = not first and getattr(args, "rescore", None) is None
+    differ = [k for k in mine if cfg.get(k) != mine[k] and not (variant and k in REUSE_MAY_DIFFER)]
     if differ:
         raise SystemExit(
             f"--reuse {args.reuse}: its configuration differs in {', '.join(differ)} "
             f"({', '.join(f'{k}={cfg.get(k)!r} here {mine[k]!r}' for k in differ)})"
         )
     methods = [m for m in METHODS if m not in args.methods]
-    first = getattr(args, "first_seed", 0)
     studies = [
         s
         for s in old["studies"]
@@ -283,6 +299,8 @@ def reused_studies(
         "best_known": old.get("best_known"),
         "total_wall_time_s": old.get("total_wall_time_s"),
         "earlier": earlier,
+        # the settings the reused studies ran with where this run's differ (a variant run)
+        "differs": {k: cfg.get(k) for k in REUSE_MAY_DIFFER if cfg.get(k) != mine[k]},
     }
     return studies, info
 
@@ -619,31 +637,48 @@ def _markdown(data: dict[str, Any]) -> str:
         f"{_ratio(data['ratio_stagewise_vs_pbt'])}.\n",
         f"\nMachine: {data['machine']}\n",
     ]
+    origin = reuse_markdown(data, metric)
+    if origin:
+        out.insert(-1, origin)
+    if data.get("summary_line"):
+        out.append(f"\n```\n{data['summary_line']}\n```\n")
+    return "".join(out)
+
+
+def reuse_markdown(data: Mapping[str, Any], metric: Metric) -> str:
+    """Where a run's reused or re-scored studies came from (a paragraph; "" for a run that
+    trained all its studies), with the grace period of a variant run's reused studies."""
+    cfg = data["config"]
     reused = data.get("reused")
+    if not reused:
+        return ""
     studies = data["studies"]
-    earlier = reused.get("earlier") if reused else None
+    earlier = reused.get("earlier")
     took = (
         f"; that run took the studies {_taken(earlier, studies)} from `{earlier['file']}`"
         if earlier and _taken(earlier, studies)
         else ""
     )
-    if reused and reused.get("rescored"):
-        out.insert(
-            -1,
+    # A variant run's reused studies ran with another grace period (REUSE_MAY_DIFFER).
+    variant = reused.get("differs") or (earlier or {}).get("differs") or {}
+    grace = (
+        f" The reused studies ran with ASHA grace {variant['grace']} epochs (random search "
+        f"and PBT do not use it), the others with {cfg['grace']}."
+        if "grace" in variant
+        else ""
+    )
+    if reused.get("rescored"):
+        return (
             f"\nRe-scored from `{reused['file']}`: its studies as they ran (no study trained "
-            f"again), aggregated by the current script{took}.\n",
+            f"again), aggregated by the current script{took}.{grace}\n"
         )
-    elif reused:
-        out.insert(
-            -1,
-            f"\nThe studies {_taken(reused, studies)} are those of an earlier run with "
-            f"the same configuration and code for those methods (`{reused['file']}`, its best "
-            f"known {metric.show(reused['best_known'])}{took}); the threshold here is "
-            "recomputed over all studies shown.\n",
-        )
-    if data.get("summary_line"):
-        out.append(f"\n```\n{data['summary_line']}\n```\n")
-    return "".join(out)
+    same = "the same code" if grace else "the same configuration and code"
+    return (
+        f"\nThe studies {_taken(reused, studies)} are those of an earlier run with "
+        f"{same} for those methods (`{reused['file']}`, its best "
+        f"known {metric.show(reused['best_known'])}{took}); the threshold here is "
+        f"recomputed over all studies shown.{grace}\n"
+    )
 
 
 def _taken(info: Mapping[str, Any], studies: Sequence[Mapping[str, Any]]) -> str:

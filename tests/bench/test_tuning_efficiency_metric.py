@@ -159,8 +159,79 @@ def test_reusing_a_run_with_another_configuration_is_refused(
     )
     _, again = te.reused_studies(args, 374, 144)
     assert again["earlier"] == origin
-    args.grace = 4
-    with pytest.raises(SystemExit, match=r"differs in grace \(grace=2 here 4\)"):
+    args.epochs = 30
+    with pytest.raises(SystemExit, match=r"differs in epochs \(epochs=12 here 30\)"):
+        te.reused_studies(args, 374, 144)
+
+
+def test_a_variant_run_at_another_grace_period_says_what_its_reused_studies_ran_with(
+    te: ModuleType, tmp_path: Path
+) -> None:
+    """The default search at another ASHA grace period against the other methods as an
+    earlier run measured them: allowed, and the results name the grace the reused studies ran
+    with; not when that would mix two grace periods within one method, nor from a file that is
+    itself such a variant."""
+    import argparse
+    import json
+
+    config = {
+        "task": "mnist1d",
+        "task_options": {},
+        "epochs": 12,
+        "random_trials": 12,
+        "tpe_trials": 72,
+        "pbt_population": 8,
+        "grace": 2,
+        "concurrent": 2,
+        "max_steps": 374,
+        "budget_trial_epochs": 144,
+        "random_budget": "trial_epochs",
+    }
+    studies: list[dict[str, Any]] = [
+        {"method": m, "seed": 0, "trials": [], "epochs_to_reach": 36.0}
+        for m in ("default", "tpe_asha")
+    ]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"config": config, "studies": studies, "best_known": 0.98}))
+    drop = ("max_steps", "budget_trial_epochs", "random_budget")
+    args = argparse.Namespace(**{k: v for k, v in config.items() if k not in drop})
+    args.reuse, args.methods, args.seeds, args.grace = old, ["default"], 1, 1
+    kept, info = te.reused_studies(args, 374, 144)
+    assert [s["method"] for s in kept] == ["tpe_asha"]
+    assert info["differs"] == {"grace": 2}
+    data = {
+        "config": {**config, "grace": 1, "metric": {"name": "val_accuracy", "direction": "max"}},
+        "reused": info,
+        "studies": kept,
+    }
+    text = te.reuse_markdown(data, te.Metric("val_accuracy", "max"))
+    assert "ran with ASHA grace 2 epochs (random search and PBT do not use it)" in text
+    assert "the others with 1" in text
+    assert "same configuration" not in text
+    # The same grace: nothing to say.
+    args.grace = 2
+    _, same = te.reused_studies(args, 374, 144)
+    assert same["differs"] == {}
+    assert "grace" not in te.reuse_markdown(
+        {**data, "reused": same}, te.Metric("val_accuracy", "max")
+    )
+    # More seeds for a method at another grace would mix two grace periods within it.
+    args.grace, args.seeds, args.first_seed = 1, 2, 1
+    with pytest.raises(SystemExit, match=r"differs in grace"):
+        te.reused_studies(args, 374, 144)
+    # A variant run is not a source for further runs: its reused studies ran at another grace.
+    args.seeds, args.first_seed = 1, 0
+    old.write_text(
+        json.dumps(
+            {
+                "config": {**config, "grace": 1},
+                "studies": studies,
+                "best_known": 0.98,
+                "reused": {**info, "file": "first.json"},
+            }
+        )
+    )
+    with pytest.raises(SystemExit, match=r"a variant run.*reuse the file they came from, first"):
         te.reused_studies(args, 374, 144)
 
 
