@@ -439,7 +439,10 @@ class Budget(_Model):
         default=1,
         ge=1,
         le=MAX_EPOCHS,
-        description="ASHA: epochs a trial runs before it can be stopped.",
+        description="ASHA: epochs a trial runs before it can be stopped (its first rung; "
+        "the next ones at this x reduction_factor^k). Ranked on cooldown probes, 1, 2 and 3 "
+        "epochs searched equally well in the benchmarks' 10- and 12-epoch runs; 1 runs more, "
+        "shorter trials.",
     )
     reduction_factor: float = Field(
         default=3.0,
