@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from tuner.seeds import SeedStats
+    from tuner.seeds import Lead, SeedStats
 
 ObjectiveSpec = AccuracyObjective | TimeToAccuracyObjective | ParetoObjective
 Direction = Literal["maximize", "minimize"]
@@ -511,11 +511,13 @@ def summarize(
     With ``seed_runs`` (the finalists' :class:`~tuner.seeds.SeedStats` on ``seeds``) the
     result is the finalist with the best mean over those seeds; the best single run is then
     only what the search found (``seed_runs.search_pick``)."""
-    from tuner.seeds import pick
+    from tuner.seeds import lead, pick
 
     best, is_baseline = select_best(outcomes, objective)
     search_pick = best
     robust = pick(seed_runs, objective) if seed_runs else None
+    ahead = lead(seed_runs, objective) if robust is not None else None
+    tie = _lead_note(ahead, outcomes, objective)  # "" unless the lead is within noise
     if robust is not None:
         best = next((o for o in outcomes if o.number == robust.number), best)
         is_baseline = best is not None and best.baseline is not None
@@ -539,7 +541,8 @@ def summarize(
         "best_schedule": None if best is None else best.schedule,
         "best_is_baseline": is_baseline,
         "note": _note(best, is_baseline, outcomes, robust=len(seeds) if robust else 0)
-        + _instability(robust, objective.metric),
+        + _instability(robust, objective.metric)
+        + (f". {tie}" if tie else ""),
         "baselines": [],
         "seed_runs": None,
     }
@@ -550,6 +553,8 @@ def summarize(
             "compute_epochs": round(sum(s.compute_epochs for s in seed_runs), 3),
             "picked": None if robust is None else robust.number,
             "search_pick": None if search_pick is None else search_pick.number,
+            # what the dashboard shows beside the result: the note's sentence on the lead
+            "lead": None if ahead is None else {**ahead.to_dict(), "note": tie or None},
         }
     best_row = {} if best is None else best.to_dict(objective)
     for base in sorted((o for o in outcomes if o.baseline is not None), key=lambda o: o.number):
@@ -618,6 +623,43 @@ def _instability(robust: SeedStats | None, metric: str = "val_accuracy") -> str:
         f"{min(accs):.4f} to {max(accs):.4f}); raise budget.finalists, budget.reserve_finalists or "
         "budget.seed_runs for a safer pick, or narrow the space (a lower space.batch_size.max or "
         "space.lr_multiplier.max)"
+    )
+
+
+def _lead_note(
+    ahead: Lead | None, outcomes: Sequence[TrialOutcome], objective: StudyObjective
+) -> str:
+    """When the pick's lead over the runner-up finalist is within the seeds' noise
+    (:func:`tuner.seeds.lead`), a sentence saying which finalist is as good, by how much the
+    pick leads it, what it saves in steps, and how to tell them apart; else ""."""
+    if ahead is None or ahead.clear:
+        return ""
+    other = next((o for o in outcomes if o.number == ahead.runner_up), None)
+    who = (
+        f"the {other.baseline} baseline (trial {ahead.runner_up})"
+        if other is not None and other.baseline is not None
+        else f"tuned trial {ahead.runner_up}"
+    )
+
+    def num(x: float) -> str:
+        return f"{x:.4f}" if abs(x) < 10 else f"{x:.1f}"
+
+    what = (
+        metric_words(objective.metric)
+        if objective.kind != "time_to_accuracy"
+        else objective.names[0].replace("_", " ")
+    )
+    saves = ""
+    mine, theirs = ahead.pick_steps, ahead.runner_up_steps
+    if mine and theirs is not None and theirs < 0.99 * mine:
+        saves = (
+            f", and it takes {1 - theirs / mine:.0%} fewer optimizer steps "
+            f"({theirs:,.0f} against {mine:,.0f})"
+        )
+    return (
+        f"Within the seeds' noise {who} is as good: the pick leads it by "
+        f"{num(ahead.mean)} ± {num(ahead.std)} {what} over the same {ahead.seeds} fresh "
+        f"seeds{saves}; raise budget.seed_runs to tell them apart"
     )
 
 

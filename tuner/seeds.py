@@ -26,6 +26,12 @@ fewer tuned trials ran to the end than ``finalists`` asks for (ASHA stopped the 
 stable pick would otherwise be compared with nothing; up to that many reserves (and at most
 ``reserve_finalists``) train then, on the same rule.
 
+The pick's **lead** over the runner-up (:func:`lead`) is measured on the seeds both trained
+on, seed by seed: the fresh seeds are shared, so the per-seed differences carry less noise
+than the two means. A lead smaller than twice its standard error is reported as within the
+seeds' noise, with what the runner-up would save in steps: on the built-in tasks the
+finalists often differ by less than one validation sample in a thousand.
+
 This module is pure: the engine trains the runs and hands their outcomes here.
 """
 
@@ -40,9 +46,11 @@ from typing import Any
 from tuner.objectives import UNSTABLE_STD, StudyObjective, TrialOutcome, rank_key
 
 __all__ = [
+    "Lead",
     "SeedStats",
     "finalists",
     "fresh_seeds",
+    "lead",
     "pick",
     "reserves",
     "seed_stats",
@@ -247,6 +255,72 @@ def pick(stats: Sequence[SeedStats], objective: StudyObjective) -> SeedStats | N
         return None
     sign = -1.0 if objective.directions[0] == "maximize" else 1.0
     return min(done, key=lambda s: (s.failed, sign * (s.mean or 0.0), s.number))
+
+
+@dataclass(frozen=True)
+class Lead:
+    """How far the pick is ahead of the runner-up finalist, seed by seed on the fresh seeds
+    both completed: ``mean`` and ``std`` of the differences of the objective's value, oriented
+    so that a positive lead means the pick is better (in the value's units)."""
+
+    runner_up: int  # the runner-up's trial number
+    mean: float
+    std: float
+    seeds: int  # the seeds both completed
+    pick_steps: float | None = None
+    runner_up_steps: float | None = None
+    steadier: bool = False  # the runner-up is unstable across the seeds, the pick is not
+
+    @property
+    def clear(self) -> bool:
+        """The pick is clearly ahead: the lead is more than twice its standard error
+        (``std / sqrt(seeds)``), or the pick is stable across the seeds and the runner-up is
+        not (:attr:`SeedStats.unstable`)."""
+        return self.steadier or self.mean > 2.0 * self.std / math.sqrt(self.seeds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "runner_up": self.runner_up,
+            "mean": self.mean,
+            "std": self.std,
+            "seeds": self.seeds,
+            "clear": self.clear,
+            "steadier": self.steadier,
+            "pick_steps": self.pick_steps,
+            "runner_up_steps": self.runner_up_steps,
+        }
+
+
+def lead(stats: Sequence[SeedStats], objective: StudyObjective) -> Lead | None:
+    """The pick's :class:`Lead` over the next finalist in :func:`pick`'s order; ``None`` with
+    fewer than two finalists, when the runner-up failed more seed runs than the pick (it is
+    behind on that alone), or when fewer than two seeds completed for both."""
+    chosen = pick(stats, objective)
+    if chosen is None:
+        return None
+    rest = [s for s in stats if s is not chosen]
+    second = pick(rest, objective)
+    if second is None or second.failed > chosen.failed:
+        return None
+    sign = 1.0 if objective.directions[0] == "maximize" else -1.0
+    mine = dict(zip(chosen.seeds, chosen.values, strict=True))
+    theirs = dict(zip(second.seeds, second.values, strict=True))
+    diffs = [
+        sign * (a - b)
+        for seed, a in mine.items()
+        if a is not None and (b := theirs.get(seed)) is not None
+    ]
+    if len(diffs) < 2:
+        return None
+    return Lead(
+        runner_up=second.number,
+        mean=statistics.fmean(diffs),
+        std=statistics.stdev(diffs),
+        seeds=len(diffs),
+        pick_steps=chosen.steps,
+        runner_up_steps=second.steps,
+        steadier=second.unstable and not chosen.unstable,
+    )
 
 
 def seed_text(stats: Mapping[str, Any] | None) -> str:

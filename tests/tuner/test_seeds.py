@@ -12,6 +12,7 @@ from tuner.seeds import (
     SeedStats,
     finalists,
     fresh_seeds,
+    lead,
     pick,
     reserves,
     seed_stats,
@@ -237,3 +238,91 @@ S = [10, 11, 12]
 
 def _with(o: TrialOutcome, *, epochs_done: int, score: float | None = None) -> TrialOutcome:
     return dataclasses.replace(o, epochs_done=epochs_done, extra={**o.extra, "score": score})
+
+
+def test_a_lead_within_the_seeds_noise_names_the_runner_up_and_what_it_saves() -> None:
+    """The finalists share the fresh seeds, so the lead is measured seed by seed. A pick ahead
+    by less than twice the lead's standard error is reported as a tie with the runner-up,
+    with the steps the runner-up would save; a clear lead says nothing more."""
+    obj = objective()
+    longer, shorter = outcome(12, 0.988), outcome(2, 0.9875)
+    stats = [
+        seed_stats(
+            shorter,
+            {
+                10: outcome(2, 0.9875, steps=747),
+                11: outcome(2, 0.9875, steps=747),
+                12: outcome(2, 0.986, steps=747),
+            },
+            S,
+        ),
+        seed_stats(
+            longer,
+            {
+                10: outcome(12, 0.987, steps=915),
+                11: outcome(12, 0.987, steps=915),
+                12: outcome(12, 0.988, steps=915),
+            },
+            S,
+        ),
+    ]
+    ahead = lead(stats, obj)
+    assert ahead is not None
+    assert ahead.runner_up == 2
+    assert ahead.mean == pytest.approx(0.000333, abs=1e-6)
+    assert ahead.std == pytest.approx(0.001443, abs=1e-6)
+    assert not ahead.clear
+    summary = summarize([shorter, longer], obj, seed_runs=stats, seeds=S)
+    assert summary["best"]["number"] == 12
+    assert summary["seed_runs"]["lead"]["runner_up"] == 2
+    assert summary["seed_runs"]["lead"]["clear"] is False
+    assert summary["note"] == (
+        "the result is tuned trial 12 (best mean over 3 fresh seeds). Within the seeds' noise "
+        "tuned trial 2 is as good: the pick leads it by 0.0003 ± 0.0014 validation accuracy "
+        "over the same 3 fresh seeds, and it takes 18% fewer optimizer steps (747 against "
+        "915); raise budget.seed_runs to tell them apart"
+    )
+    # The same means on seeds that agree: a clear lead, and the note is the plain one.
+    steady = [
+        seed_stats(
+            shorter, {10: outcome(2, 0.9860), 11: outcome(2, 0.9865), 12: outcome(2, 0.9870)}, S
+        ),
+        seed_stats(
+            longer, {10: outcome(12, 0.9865), 11: outcome(12, 0.9870), 12: outcome(12, 0.9875)}, S
+        ),
+    ]
+    clear = lead(steady, obj)
+    assert clear is not None
+    assert clear.clear
+    assert clear.mean == pytest.approx(0.0005)
+    plain = summarize([shorter, longer], obj, seed_runs=steady, seeds=S)
+    assert plain["note"] == "the result is tuned trial 12 (best mean over 3 fresh seeds)"
+
+
+def test_a_lead_is_oriented_by_the_metric_and_skips_failed_and_unstable_runners_up() -> None:
+    loss = objective("task: digits\nobjective: {kind: accuracy, metric: val_loss}")
+    a = SeedStats(1, None, (10, 11, 12), (2.40, 2.50, 2.45), (2.40, 2.50, 2.45), 8.0, steps=124)
+    b = SeedStats(
+        2, "large_batch", (10, 11, 12), (2.45, 2.48, 2.47), (2.45, 2.48, 2.47), 8.0, steps=40
+    )
+    ahead = lead([b, a], loss)
+    assert ahead is not None
+    assert ahead.runner_up == 2  # a leads: its loss is lower on average
+    assert ahead.mean == pytest.approx(0.05 / 3)
+    summary = summarize(
+        [outcome(1, 2.45), outcome(2, 2.47, baseline="large_batch")],
+        loss,
+        seed_runs=[b, a],
+        seeds=S,
+    )
+    assert "the large_batch baseline (trial 2) is as good" in summary["note"]
+    assert "validation loss" in summary["note"]
+    assert "68% fewer optimizer steps (40 against 124)" in summary["note"]
+    # A runner-up that failed a seed run is behind on that alone: no lead to report.
+    failed = SeedStats(2, None, (10, 11, 12), (2.45, None, 2.47), (2.45, None, 2.47), 8.0)
+    assert lead([a, failed], loss) is None
+    # One finalist, or one seed in common: nothing to measure.
+    assert lead([a], loss) is None
+    one = SeedStats(2, None, (10, 11, 12), (2.45, None, None), (2.45, None, None), 8.0)
+    only = SeedStats(1, None, (10, 11, 12), (2.40, None, None), (2.40, None, None), 8.0)
+    assert lead([only, one], loss) is None
