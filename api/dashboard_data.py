@@ -472,6 +472,7 @@ def study_header(study: StudyRecord, now: datetime) -> dict[str, Any]:
     del row["elapsed_s"], row["elapsed_text"]
     summary = study.summary or {}
     note = summary.get("note")
+    lead = (summary.get("seed_runs") or {}).get("lead") or {}
     row.update(
         {
             "started_at": _iso(study.started_at),
@@ -479,6 +480,8 @@ def study_header(study: StudyRecord, now: datetime) -> dict[str, Any]:
             "worker_id": study.worker_id,
             "attempts": study.attempts,
             "note": note if isinstance(note, str) else None,
+            # the finalist as good as the result within the seeds' noise (tuner.seeds.lead)
+            "lead_note": lead.get("note") if isinstance(lead.get("note"), str) else None,
             "best_is_baseline": bool(summary.get("best_is_baseline", False)),
             "search": search_text(summary) or None,
             "total_epochs": _spec_total_epochs(study.spec),

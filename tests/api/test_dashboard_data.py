@@ -286,6 +286,28 @@ def test_study_page_data_has_every_trial_and_curve() -> None:
     assert data["trials"][0]["summary"] == "32@0-2 -> 128@2-6"
 
 
+def test_the_header_carries_a_finalist_that_ties_the_result_within_the_seeds_noise() -> None:
+    """The engine's summary says when the runner-up finalist is as good as the result within
+    the seeds' noise (``seed_runs.lead.note``); the study page shows that sentence beside the
+    result, and nothing for a clear lead or a study without seed runs."""
+    tie = (
+        "Within the seeds' noise tuned trial 2 is as good: the pick leads it by 0.0003 ± 0.0014 "
+        "validation accuracy over the same 3 fresh seeds; raise budget.seed_runs to tell them apart"
+    )
+    lead = {"runner_up": 2, "mean": 0.0003, "std": 0.0014, "seeds": 3, "clear": False}
+    tied = study(
+        summary={
+            "note": "the result is tuned trial 12",
+            "seed_runs": {"lead": {**lead, "note": tie}},
+        }
+    )
+    assert dd.study_header(tied, NOW)["lead_note"] == tie
+    clear = study(summary={"seed_runs": {"lead": {**lead, "clear": True, "note": None}}})
+    assert dd.study_header(clear, NOW)["lead_note"] is None
+    assert dd.study_header(study(summary={"seed_runs": None}), NOW)["lead_note"] is None
+    assert dd.study_header(study(), NOW)["lead_note"] is None
+
+
 def test_incremental_data_leaves_out_trials_finished_long_before() -> None:
     old = trial(0, finished_at=NOW - timedelta(hours=1))
     recent = trial(1, finished_at=NOW - timedelta(seconds=30))
