@@ -572,6 +572,32 @@ def _metric_cell(row: Mapping[str, Any], metric: str) -> str:
     return format_metric(value, metric).removesuffix(" dB")
 
 
+def _finalist_rows(result: StudyResult, shown: set[int]) -> list[tuple[dict[str, Any], str]]:
+    """The finalists of the seed runs the table has no row for yet (a tuned trial that is
+    neither the result nor a named candidate: the runner-up the note may call as good), with
+    their search run's figures and their seed runs."""
+    finalists = ((result.summary.get("seed_runs") or {}).get("finalists")) or []
+    stats = {f["number"]: f for f in finalists if isinstance(f, Mapping)}
+    rows = []
+    for o in sorted(result.outcomes, key=lambda o: o.number):
+        if o.number not in stats or o.number in shown:
+            continue
+        # the whole schedule's steps (a reserve's search run may have stopped early)
+        steps = stats[o.number].get("steps")
+        row = {
+            "number": o.number,
+            "schedule_summary": o.summary,
+            "metric_value": o.metric_value,
+            "steps": round(steps) if isinstance(steps, int | float) else o.steps,
+            "wall_time_s": o.wall_time_s,
+            "mean_batch_size": o.mean_batch_size,
+            "seeds": stats[o.number],
+        }
+        reserve = " (reserve, stopped early)" if o.status != "completed" else ""
+        rows.append((row, f"finalist{reserve}"))
+    return rows
+
+
 def print_result(result: StudyResult, console: Any) -> None:
     """The result table: the best schedule next to the baselines."""
     from rich.table import Table
@@ -602,6 +628,7 @@ def print_result(result: StudyResult, console: Any) -> None:
         rows.append((best, "best" + (" (baseline)" if summary.get("best_is_baseline") else "")))
     rows.extend((b, b["baseline"]) for b in summary.get("baselines", []))
     rows.extend((c, f"{c['candidate']} (tuned)") for c in summary.get("candidates") or [])
+    rows.extend(_finalist_rows(result, {row["number"] for row, _ in rows}))
     for row, kind in rows:
         cells = [
             str(row["number"]),

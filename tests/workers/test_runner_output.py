@@ -172,6 +172,50 @@ def test_to_a_pipe_the_result_table_keeps_names_and_schedules_whole() -> None:
     assert "0.9346" in rows[0]
 
 
+def test_a_runner_up_as_good_within_noise_has_a_row_and_the_note_says_what_it_saves() -> None:
+    """The note may call the runner-up finalist as good as the result; the table then shows
+    that finalist (a plain TPE draw, neither the result nor a named candidate) with its seed
+    runs and steps, so that the user can take it instead."""
+    obj = objective({"task": "digits"})
+    small = outcome(0, 0.9, obj, baseline="small_batch")
+    longer = replace(outcome(12, 0.9885, obj), steps=915, summary="128@0-22 -> 512@22-30")
+    shorter = replace(outcome(2, 0.9880, obj), steps=747, summary="64@0-3 -> 256@3-30")
+    seeds = [10, 11, 12]
+
+    def runs(o: TrialOutcome, accs: list[float]) -> dict[int, TrialOutcome]:
+        return {
+            s: replace(o, val_accuracy=a, metric_value=a, values=(a,))
+            for s, a in zip(seeds, accs, strict=True)
+        }
+
+    stats = [
+        seed_stats(longer, runs(longer, [0.987, 0.987, 0.988]), seeds),
+        seed_stats(shorter, runs(shorter, [0.9875, 0.9875, 0.986]), seeds),
+        seed_stats(small, runs(small, [0.90, 0.91, 0.92]), seeds),
+    ]
+    result = StudyResult(
+        study_id=1,
+        status=StudyStatus.COMPLETED,
+        summary=summarize([small, shorter, longer], obj, seed_runs=stats, seeds=seeds),
+        outcomes=(small, shorter, longer),
+        best_number=12,
+        best_is_baseline=False,
+        best_schedule=None,
+        schedule_path=Path("best.yaml"),
+    )
+    console = Console(record=True, width=240)
+    print_result(result, console)
+    text = console.export_text()
+    row = next(line for line in text.splitlines() if "finalist" in line)
+    assert "64@0-3 -> 256@3-30" in row
+    assert "0.9870 ± 0.0009" in row  # its seed runs
+    assert " 747 " in row
+    assert "tuned trial 2 is as good" in text
+    assert "18% fewer optimizer steps (747 against 915)" in " ".join(text.split())
+    # Each trial has one row: the result and the baseline are not repeated as finalists.
+    assert sum("finalist" in line for line in text.splitlines()) == 1
+
+
 def test_a_width_given_or_columns_set_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     assert stdout_console(file=io.StringIO(), width=100).width == 100
     monkeypatch.setenv("COLUMNS", "220")
