@@ -562,11 +562,20 @@ def _tune(
         )
         mean = stats.get("metric_mean", stats.get(f"{metric.name}_mean"))
         std = stats.get("metric_std", stats.get(f"{metric.name}_std"))
+        lead = seeded.get("lead") or {}
+        lead_note = (
+            f"; its lead over trial {lead['runner_up']} on those seeds "
+            f"{metric.fmt(lead['mean'])} +/- {metric.fmt(lead['std'])}"
+            f"{' points' if metric.is_accuracy else ''}, "
+            + ("clear" if lead.get("clear") else "within the seeds' noise")
+            if lead
+            else ""
+        )
         seed_note = (
             f"; picked on {len(seeded.get('seeds') or ())} fresh seeds among {among} (val "
             f"{metric.fmt(mean or 0)} +/- {metric.show(std or 0)}, seed runs "
             f"{float(seeded.get('compute_epochs') or 0):.0f} trial-epochs; the search's "
-            f"single-run best was trial {seeded.get('search_pick')})"
+            f"single-run best was trial {seeded.get('search_pick')}{lead_note})"
         )
     print(
         f"tuning done in {run.wall_time_s:.0f} s, {trial_epochs} trial-epochs trained by the "
