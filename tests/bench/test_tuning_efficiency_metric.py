@@ -117,25 +117,29 @@ def test_the_study_spec_names_the_metric_and_leaves_the_lr_range_to_the_space(
     assert legacy.space.lr_multiplier.min == 0.25
 
 
+#: An mnist1d run's configuration as ``study_config`` records it (what ``--reuse`` compares).
+MNIST1D_CONFIG: dict[str, Any] = {
+    "task": "mnist1d",
+    "task_options": {},
+    "epochs": 12,
+    "random_trials": 12,
+    "tpe_trials": 72,
+    "pbt_population": 8,
+    "grace": 2,
+    "concurrent": 2,
+    "max_steps": 374,
+    "budget_trial_epochs": 144,
+    "random_budget": "trial_epochs",
+}
+
+
 def test_reusing_a_run_with_another_configuration_is_refused(
     te: ModuleType, tmp_path: Path
 ) -> None:
     import argparse
     import json
 
-    config = {
-        "task": "mnist1d",
-        "task_options": {},
-        "epochs": 12,
-        "random_trials": 12,
-        "tpe_trials": 72,
-        "pbt_population": 8,
-        "grace": 2,
-        "concurrent": 2,
-        "max_steps": 374,
-        "budget_trial_epochs": 144,
-        "random_budget": "trial_epochs",
-    }
+    config = dict(MNIST1D_CONFIG)
     study = {"method": "random", "seed": 0, "trials": [], "epochs_to_reach": 36.0}
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"config": config, "studies": [study], "best_known": 0.98}))
@@ -174,19 +178,7 @@ def test_a_variant_run_at_another_grace_period_says_what_its_reused_studies_ran_
     import argparse
     import json
 
-    config = {
-        "task": "mnist1d",
-        "task_options": {},
-        "epochs": 12,
-        "random_trials": 12,
-        "tpe_trials": 72,
-        "pbt_population": 8,
-        "grace": 2,
-        "concurrent": 2,
-        "max_steps": 374,
-        "budget_trial_epochs": 144,
-        "random_budget": "trial_epochs",
-    }
+    config = dict(MNIST1D_CONFIG)
     studies: list[dict[str, Any]] = [
         {"method": m, "seed": 0, "trials": [], "epochs_to_reach": 36.0}
         for m in ("default", "tpe_asha")
