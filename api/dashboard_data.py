@@ -480,7 +480,8 @@ def study_header(study: StudyRecord, now: datetime) -> dict[str, Any]:
             "worker_id": study.worker_id,
             "attempts": study.attempts,
             "note": note if isinstance(note, str) else None,
-            # the finalist as good as the result within the seeds' noise (tuner.seeds.lead)
+            # the finalist as good as the result within the seeds' noise (tuner.seeds.lead;
+            # the banner shows it where it does not show the note, which repeats it)
             "lead_note": lead.get("note") if isinstance(lead.get("note"), str) else None,
             "best_is_baseline": bool(summary.get("best_is_baseline", False)),
             "search": search_text(summary) or None,

@@ -29,8 +29,8 @@ stable pick would otherwise be compared with nothing; up to that many reserves (
 The pick's **lead** over the runner-up (:func:`lead`) is measured on the seeds both trained
 on, seed by seed: the fresh seeds are shared, so the per-seed differences carry less noise
 than the two means. A lead smaller than twice its standard error is reported as within the
-seeds' noise, with what the runner-up would save in steps: on the built-in tasks the
-finalists often differ by less than one validation sample in a thousand.
+seeds' noise, with what the runner-up would save in steps: with 3 seeds that was so in 69 of
+the 121 picks with a runner-up in the committed quality benchmark results.
 
 This module is pure: the engine trains the runs and hands their outcomes here.
 """

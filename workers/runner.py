@@ -593,8 +593,12 @@ def _finalist_rows(result: StudyResult, shown: set[int]) -> list[tuple[dict[str,
             "mean_batch_size": o.mean_batch_size,
             "seeds": stats[o.number],
         }
-        reserve = " (reserve, stopped early)" if o.status != "completed" else ""
-        rows.append((row, f"finalist{reserve}"))
+        notes = []
+        if stats[o.number].get("reserve"):
+            notes.append("reserve")
+        if o.status != "completed":
+            notes.append("stopped early")
+        rows.append((row, "finalist" + (f" ({', '.join(notes)})" if notes else "")))
     return rows
 
 
