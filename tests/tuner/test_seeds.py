@@ -326,3 +326,13 @@ def test_a_lead_is_oriented_by_the_metric_and_skips_failed_and_unstable_runners_
     one = SeedStats(2, None, (10, 11, 12), (2.45, None, None), (2.45, None, None), 8.0)
     only = SeedStats(1, None, (10, 11, 12), (2.40, None, None), (2.40, None, None), 8.0)
     assert lead([only, one], loss) is None
+    # A runner-up whose seeds disagree (one run far off) is not as good as a steady pick,
+    # even where the differences' spread leaves the mean lead within noise.
+    steady = SeedStats(1, None, (10, 11, 12), (2.44, 2.46, 2.45), (2.44, 2.46, 2.45), 8.0)
+    shaky = SeedStats(3, None, (10, 11, 12), (2.30, 3.40, 2.35), (2.30, 3.40, 2.35), 8.0)
+    behind = lead([shaky, steady], loss)
+    assert behind is not None
+    assert behind.runner_up == 3
+    assert behind.mean < 2 * behind.std / 3**0.5  # within noise on the mean alone
+    assert behind.steadier
+    assert behind.clear
