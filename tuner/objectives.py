@@ -517,7 +517,7 @@ def summarize(
     search_pick = best
     robust = pick(seed_runs, objective) if seed_runs else None
     ahead = lead(seed_runs, objective) if robust is not None else None
-    tie = _lead_note(ahead, outcomes, objective)  # "" unless the lead is within noise
+    tie = _lead_note(ahead, objective)  # "" unless the lead is within noise
     if robust is not None:
         best = next((o for o in outcomes if o.number == robust.number), best)
         is_baseline = best is not None and best.baseline is not None
@@ -626,18 +626,15 @@ def _instability(robust: SeedStats | None, metric: str = "val_accuracy") -> str:
     )
 
 
-def _lead_note(
-    ahead: Lead | None, outcomes: Sequence[TrialOutcome], objective: StudyObjective
-) -> str:
+def _lead_note(ahead: Lead | None, objective: StudyObjective) -> str:
     """When the pick's lead over the runner-up finalist is within the seeds' noise
     (:func:`tuner.seeds.lead`), a sentence saying which finalist is as good, by how much the
     pick leads it, what it saves in steps, and how to tell them apart; else ""."""
     if ahead is None or ahead.clear:
         return ""
-    other = next((o for o in outcomes if o.number == ahead.runner_up), None)
     who = (
-        f"the {other.baseline} baseline (trial {ahead.runner_up})"
-        if other is not None and other.baseline is not None
+        f"the {ahead.runner_up_baseline} baseline (trial {ahead.runner_up})"
+        if ahead.runner_up_baseline is not None
         else f"tuned trial {ahead.runner_up}"
     )
 

@@ -264,6 +264,7 @@ class Lead:
     so that a positive lead means the pick is better (in the value's units)."""
 
     runner_up: int  # the runner-up's trial number
+    runner_up_baseline: str | None  # its baseline's name, None for a tuned trial
     mean: float
     std: float
     seeds: int  # the seeds both completed
@@ -281,6 +282,7 @@ class Lead:
     def to_dict(self) -> dict[str, Any]:
         return {
             "runner_up": self.runner_up,
+            "runner_up_baseline": self.runner_up_baseline,
             "mean": self.mean,
             "std": self.std,
             "seeds": self.seeds,
@@ -314,6 +316,7 @@ def lead(stats: Sequence[SeedStats], objective: StudyObjective) -> Lead | None:
         return None
     return Lead(
         runner_up=second.number,
+        runner_up_baseline=second.baseline,
         mean=statistics.fmean(diffs),
         std=statistics.stdev(diffs),
         seeds=len(diffs),
