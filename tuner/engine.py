@@ -824,12 +824,6 @@ class TuningEngine:
             return "it follows the small-batch baseline's measurements; baselines are off"
         if self.objective.is_multi:
             return "single-objective studies only"
-        if spec.resources.workers == 1 and spec.resources.micro_batch is None:
-            return (
-                "the small-batch baseline cannot measure the gradient noise scale on one "
-                "worker without gradient accumulation; use 2 or more workers or set "
-                "resources.micro_batch"
-            )
         return None
 
     def _noise_summary(self, outcomes: Sequence[TrialOutcome]) -> dict[str, Any]:

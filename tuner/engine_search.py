@@ -95,6 +95,7 @@ __all__ = [
     "LIVE_RUNS",
     "MAX_DRAWS",
     "META_KEY",
+    "NOISE_BATCHES",
     "VARIANT_SHARE",
     "FixedTrials",
     "LiveRun",
@@ -112,6 +113,10 @@ META_KEY: Final = "stagetune"
 MAX_DRAWS: Final = 200
 #: The LR variants of the best recipe take at most one of this many tuned trials.
 VARIANT_SHARE: Final = 6
+#: The batches of the small-batch baseline's noise-scale measurement at each epoch's end on
+#: one worker without accumulation (``TrialConfig.noise_batches``; about 10 % more
+#: forward/backward passes on ``mnist1d`` at batch 32).
+NOISE_BATCHES: Final = 16
 
 
 @dataclass(frozen=True)
@@ -453,6 +458,10 @@ class ScheduleSearcher(Searcher):
         config: dict[str, Any] = {"schedule": schedule, META_KEY: meta.to_dict()}
         if meta.baseline is not None:
             config["probe_at"] = []  # baselines run to the end whatever ASHA sees: no probes
+            if meta.baseline == "small_batch" and self._noise_candidate:
+                # What the noise-scale candidate follows, measured at each epoch's end where
+                # one worker has no smaller batch inside a step (TrialConfig.noise_batches).
+                config["noise_batches"] = NOISE_BATCHES
         elif self._stagewise is not None:
             config.update(self._stage_config(trial_id, meta, schedule))
         return config

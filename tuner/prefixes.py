@@ -43,10 +43,19 @@ __all__ = [
 ]
 
 #: Trial-config keys that do not change what a prefix trains (bookkeeping, the store itself,
-#: where the stage-wise search stops a trial, and probes, whose epochs inside the prefix are
-#: added to the key separately).
+#: where the stage-wise search stops a trial, the one-worker noise-scale measurement, which
+#: puts the run's state back, and probes, whose epochs inside the prefix are added to the key
+#: separately).
 PREFIX_CONFIG_EXCLUDED: Final = frozenset(
-    {"schedule", "stagetune", "probe_at", "prefix_store", "prefix_store_bytes", STOP_AFTER_KEY}
+    {
+        "schedule",
+        "stagetune",
+        "probe_at",
+        "prefix_store",
+        "prefix_store_bytes",
+        "noise_batches",
+        STOP_AFTER_KEY,
+    }
 )
 
 _SUFFIX: Final = ".state"

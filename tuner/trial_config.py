@@ -125,6 +125,11 @@ class TrialConfig(TrialResources):
     """Debug: ``{rank: factor}``, that rank sleeps ``factor - 1`` times its compute time."""
     eval_batch_size: Int = Field(default=1024, ge=1)
     noise_scale_ema: Number = Field(default=0.9, ge=0.0, lt=1.0)
+    noise_batches: Int = Field(default=0, ge=0, le=1024)
+    """One worker without gradient accumulation has no smaller batch inside a step to measure
+    the gradient noise scale with: at each epoch's end, measure it from this many batches of
+    the epoch's size at the epoch's final parameters instead (nothing of the run changes);
+    0: off. Ignored with several workers or accumulation, which measure it every step."""
     amp: Flag = True
     """bf16 autocast on CUDA."""
     collective_timeout_s: Number = Field(default=1800.0, gt=0)

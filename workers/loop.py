@@ -502,6 +502,8 @@ class TrialWorker:
         self._wall_time += epoch_time
         if compute_s > 0 and local_samples > 0:
             self._speed = local_samples / compute_s
+        if spec.noise_batches and not self._diverged:
+            self._measure_noise_scale(epoch, batch)
 
         eval_started = time.perf_counter()
         metrics = self._evaluate()
@@ -783,6 +785,45 @@ class TrialWorker:
             "probe_epochs": steps / per_epoch,
             "probe_time_s": time.perf_counter() - started,
         }
+
+    def _measure_noise_scale(self, epoch: int, batch: int) -> None:
+        """One worker without accumulation (:attr:`TrialConfig.noise_batches`): the gradient
+        noise scale at the epoch's final parameters, from ``noise_batches`` disjoint batches
+        of the epoch's size (their own sample order, stream ``(seed, 4, epoch)``): each one's
+        gradient is a small batch, their mean the big one (``workers.noise_scale``). The
+        estimator then holds this measurement alone. The run's state is put back exactly
+        (BatchNorm's running statistics, RNGs), as after a probe. Several workers or
+        accumulation measure every step instead; nothing runs here then."""
+        spec = self._require()
+        n = self._data.num_train
+        count = min(spec.noise_batches, n // batch)
+        if self.world_size > 1 or count < 2:
+            return
+        placement = self._placement(batch, None)
+        if placement.accumulation_steps > 1:
+            return
+        p = self._num_params
+        generator = torch.Generator().manual_seed(_seed(spec.seed, 4, epoch))
+        order = torch.randperm(n, generator=generator)[: count * batch].to(self.device)
+        saved = self._snapshot()
+        total: torch.Tensor | None = None
+        small_sq = 0.0
+        try:
+            for i in range(count):
+                self._flat.zero_()
+                _, oom, _, _, _ = self._accumulate(order[i * batch : (i + 1) * batch], placement)
+                self._restore_grad_views()
+                if oom:
+                    return
+                grad = self._flat[:p]
+                small_sq += float(grad.double().square().sum())
+                total = grad.double().clone() if total is None else total.add_(grad.double())
+        finally:
+            self._restore(saved)
+        assert total is not None
+        big_sq = float(total.div_(count).square().sum())
+        self._noise.reset()
+        self._noise.update(small_sq / count, 1.0 / batch, big_sq, 1.0 / (count * batch))
 
     def _snapshot(self) -> dict[str, Any]:
         """This rank's whole trial state, in memory (for a probe to put back)."""

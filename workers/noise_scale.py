@@ -17,8 +17,12 @@ the unbiased estimators of the paper's appendix A.1 are ::
 
 Both are noisy per step; like the paper we smooth ``S`` and ``G2`` separately with an
 exponential moving average and report the ratio of the averages. With one worker the same
-estimator runs over gradient-accumulation micro-batches instead; with one worker and no
-accumulation there is no small batch and the noise scale is unknown (``None``).
+estimator runs over gradient-accumulation micro-batches instead. With one worker and no
+accumulation there is no smaller batch inside a step: the noise scale is unknown (``None``)
+unless the trial config asks for ``noise_batches``, which the loop measures at each epoch's
+end from that many batches at fixed parameters (each one's gradient a small batch, their mean
+the big one; ``TrialWorker._measure_noise_scale``), the estimator then holding that
+measurement alone.
 """
 
 from __future__ import annotations

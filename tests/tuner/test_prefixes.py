@@ -46,6 +46,8 @@ def test_schedules_with_the_same_first_stages_share_that_prefix() -> None:
     # Bookkeeping does not change what a prefix trains.
     other = {**CONFIG, "stagetune": {"number": 8}, "prefix_store": "/elsewhere"}
     assert prefix_key(a, 1, other) == prefix_key(a, 1, CONFIG)
+    # Nor does the one-worker noise-scale measurement, which puts the run's state back.
+    assert prefix_key(a, 1, {**CONFIG, "noise_batches": 16}) == prefix_key(a, 1, CONFIG)
     # A probe after the prefix's end is not part of it; one inside it is.
     assert prefix_key(a, 1, {**CONFIG, "probe_at": [2, 4]}) == prefix_key(a, 1, CONFIG)
     assert prefix_key(a, 1, {**CONFIG, "probe_at": [1, 6]}) != prefix_key(a, 1, CONFIG)

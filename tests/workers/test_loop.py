@@ -544,6 +544,32 @@ def test_single_worker_noise_scale_comes_from_accumulation(
 
 
 @pytest.mark.ray
+@pytest.mark.slow
+def test_single_worker_measures_the_noise_scale_at_each_epochs_end_and_trains_the_same(
+    start_trial: Callable[[dict[str, Any]], ScheduleTrainable],
+) -> None:
+    # mnist1d's net has BatchNorm: the measurement's forward passes would move its running
+    # statistics (and so the validation metrics) if the run's state were not put back.
+    schedule = Schedule.constant(64, 3, 0.05)
+    trainable = start_trial(trial_config(schedule, "mnist1d", workers=1))
+    plain = run_trial(trainable)
+    assert [r["noise_scale"] for r in plain] == [None, None, None]
+    trainable.reset_config(trial_config(schedule, "mnist1d", workers=1, noise_batches=8))
+    measured = run_trial(trainable)
+    assert all(isinstance(r["noise_scale"], float) and r["noise_scale"] > 0 for r in measured)
+    # Nothing of the run changes: the same losses and accuracies, to the last bit.
+    for key in ("train_loss", "val_loss", "val_accuracy", "steps", "samples"):
+        assert [r[key] for r in measured] == [r[key] for r in plain], key
+    # With accumulation the per-step estimator measures it and the key is not needed.
+    trainable.reset_config(
+        trial_config(schedule, "mnist1d", workers=1, micro_batch=32, noise_batches=8)
+    )
+    accumulated = run_trial(trainable)
+    assert all(r["accumulation_steps"] == 2 for r in accumulated)
+    assert all(r["noise_scale"] > 0 for r in accumulated)
+
+
+@pytest.mark.ray
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_path_uses_bf16_autocast_and_channels_last(
     start_trial: Callable[[dict[str, Any]], ScheduleTrainable],

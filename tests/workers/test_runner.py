@@ -149,15 +149,23 @@ def test_a_small_digits_study_end_to_end(
     assert result.best_schedule is not None
     assert result.best_schedule.stages == exported.stages
 
-    # One worker without gradient accumulation has no small batch to measure the gradient
-    # noise scale with: no noise-scale candidate, and the summary says why. The candidates are
-    # the recipes the space can draw (two stages exactly: Smith's increase, not a constant
-    # batch), the first tuned trial.
-    assert [(c["number"], c["candidate"]) for c in summary["candidates"]] == [
-        (3, "fitted_increase")
-    ]
-    assert all(m.noise_scale is None for m in store.trial_metrics(baselines[0].id))
-    assert "use 2 or more workers" in summary["noise_candidate"]["note"]
+    # The candidates, the first tuned trials: the recipes the space can draw (two stages
+    # exactly: Smith's increase, not a constant batch) and the noise-scale candidate, drawn
+    # once the small-batch baseline has finished (before or after the recipe, as the trials
+    # end). On one worker without gradient accumulation that baseline measured the noise
+    # scale at each epoch's end; the other trials did not.
+    candidates = {c["candidate"]: c["number"] for c in summary["candidates"]}
+    assert sorted(candidates) == ["fitted_increase", "noise_scale"], candidates
+    assert sorted(candidates.values()) == [3, 4], candidates
+    noise = summary["noise_candidate"]
+    assert noise["note"] is None, noise
+    assert noise["number"] == candidates["noise_scale"], noise
+    # (Late in the run the noise scale outgrows what 16 batches of 32 resolve: the estimate
+    # of |G|^2 is not positive there, and the epoch reports none.)
+    small_noise = [m.noise_scale for m in store.trial_metrics(baselines[0].id)]
+    assert small_noise[0] is not None, small_noise
+    assert all(v is None or v > 0 for v in small_noise), small_noise
+    assert all(m.noise_scale is None for m in store.trial_metrics(baselines[1].id))
 
     # The Optuna study lives in the same database (tuned trials only).
     ot = optuna.load_study(study_name=optuna_study_name(study.id), storage=sqlite_url)
@@ -216,7 +224,7 @@ def test_a_small_digits_study_end_to_end(
     assert f"{prefixes['epochs_reused']} epochs not trained again" in printed
     assert f"{len(finalists)} finalists trained again on 3 fresh seeds" in printed
     assert "val_acc over 3 fresh seeds" in printed
-    assert "no noise-scale candidate: the small-batch baseline cannot measure" in printed
+    assert "no noise-scale candidate" not in printed
     mean, std = picked["val_accuracy_mean"], picked["val_accuracy_std"]
     assert f"{mean:.4f} ± {std:.4f}" in printed
 
