@@ -1089,8 +1089,12 @@ def test_the_readme_screenshot_is_of_a_real_study(
         lanes = {t["meta"] for t in _chart(page, "chart-lanes")}
         assert {"own", "probe"} <= lanes
         assert "Study completed" in page.locator("#study-banner").inner_text()
-        _chart(page, "chart-schedule")
+        # One worker: the small-batch baseline measured its noise scale at each epoch's end,
+        # drawn beside the batch schedule.
+        schedule = _chart(page, "chart-schedule")
+        assert any((t["name"] or "").startswith("noise scale") for t in schedule), schedule
         _chart(page, "chart-cost")
+        _chart(page, "chart-importance")  # drawn before the screenshot is taken
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "study-page.png"), full_page=True)
 
