@@ -130,6 +130,7 @@ __all__ = [
     "lr_bracket",
     "lr_variants",
     "recipe_schedules",
+    "recipe_stages",
 ]
 
 FITTED_CONSTANT: Final = "fitted_constant"
@@ -249,6 +250,42 @@ def lr_bracket(space: ScheduleSpace, ranked: Sequence[Schedule]) -> list[tuple[s
                 continue
             out.append((name if rank == 0 else _RUNNER_UP_NAMES[name], variant))
     return out
+
+
+def recipe_stages(space: ScheduleSpace, parts: Sequence[tuple[int, int, int]]) -> list[Stage]:
+    """Stages over ``parts`` (``(start_epoch, end_epoch, batch)``, contiguous, batches not
+    decreasing) with the LR, warm-ups and decay the recipes give theirs, for a schedule whose
+    batches come from elsewhere (the noise-scale candidate): the first stage at the recipe's
+    scaling rule's LR, a larger batch at the study's rule's LR for SGD and LARS and at the
+    square-root rule's from the first stage for AdamW (as ``fitted_batch_warmup``); a warm-up
+    of 5 % of the run at the start and wherever the LR rises; the last stage decays (cosine to
+    zero where the space has it), the others hold their LR."""
+    rule, _ = _rules(space)
+    base = space.base_batch_size
+    first = parts[0][2]
+    lr = lr_scale(rule, first, base)  # in units of the base LR
+    later: ScalingRule = "sqrt" if space.optimizer == "adamw" else space.scaling_rule
+    flat: StageDecay = "constant" if "constant" in space.decays else space.decays[0]
+    stages: list[Stage] = []
+    previous = 0.0  # the stage before's peak LR, in units of the base LR
+    for i, (start, end, batch) in enumerate(parts):
+        mult = _mult(space, batch, lr * lr_scale(later, batch, base) / lr_scale(later, first, base))
+        peak = lr_scale(space.scaling_rule, batch, base) * mult
+        rises = i == 0 or peak > previous * (1.0 + 1e-9)
+        previous = peak
+        stages.append(
+            Stage(
+                start_epoch=start,
+                end_epoch=end,
+                batch_size=batch,
+                lr_multiplier=mult,
+                warmup_epochs=_warmup(space, end - start)
+                if rises
+                else min(space.warmup_min, float(end - start)),
+                decay=_decay(space) if i == len(parts) - 1 else flat,
+            )
+        )
+    return stages
 
 
 def _rules(space: ScheduleSpace) -> tuple[ScalingRule, ScalingRule]:

@@ -46,6 +46,33 @@ def test_the_schedule_fits_the_space_and_keeps_the_smaller_batch_when_merging() 
     assert flat.summary() == "128@0-12"
 
 
+def test_the_candidate_takes_the_recipes_lr_warmups_and_decay() -> None:
+    # SGD (the linear rule): multiplier 1, a warm-up of 5 % of the run wherever the LR rises,
+    # and the last stage anneals to zero where the space has cosine (no decay at all before).
+    schedule = noise_scale_schedule(space(", decay: [constant, cosine]"), GROWING)
+    assert schedule is not None
+    shapes = [
+        (st.batch_size, st.lr_multiplier, st.warmup_epochs, st.decay) for st in schedule.stages
+    ]
+    assert shapes == [
+        (32, 1.0, 0.6, "constant"),
+        (128, 1.0, 0.6, "constant"),
+        (1024, 1.0, 0.6, "cosine"),
+    ]  # fmt: skip
+    # AdamW: the square-root rule's LR from the first stage's batch (linear scaling diverged).
+    adamw = ScheduleSpace.from_spec(
+        StudySpec.from_yaml(
+            "task: digits\nschedule: {total_epochs: 12, optimizer: adamw}\n"
+            "space: {stages: {min: 1, max: 3}, batch_size: {min: 32, max: 1024}, "
+            "decay: [constant, cosine]}"
+        ).resolve(DEFAULTS)
+    )
+    schedule = noise_scale_schedule(adamw, GROWING)
+    assert schedule is not None
+    peaks = [schedule.peak_lr(i) / schedule.base_lr for i in range(schedule.num_stages)]
+    assert peaks == pytest.approx([1.0, 2.0, 32**0.5], rel=0.05)
+
+
 @pytest.mark.parametrize(
     "extra", ["", ", decay: [constant, cosine]", ", label_smoothing: [0, 0.1]"]
 )
