@@ -353,6 +353,30 @@ def test_loop_throughput_smoke(
     )
 
 
+@pytest.mark.ray
+def test_noise_candidate_smoke(
+    ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bench/noise_candidate.py --smoke``: the small-batch baseline on one worker measures
+    its noise scale at each epoch's end, the candidate built from it trains on a test seed,
+    and the summary line gives what the row holds."""
+    module = _load("noise_candidate")
+    data = module.main(["--smoke", "--results-dir", str(tmp_path)])
+    fields = _fields(_last_line(capsys.readouterr().out), "noise_candidate")
+    (row,) = data["rows"]
+    assert row["noise_scale"][0] is not None
+    assert row["noise_scale"][0] > 0
+    assert row["candidate"] is not None
+    assert fields["candidate"] == row["candidate"].replace(" ", "")
+    assert int(fields["steps"]) == row["steps"] > 0
+    assert float(fields["test"]) == pytest.approx(row["mean"], abs=1e-4)
+    assert 0.1 < row["mean"] <= 1.0  # test accuracy of a trained digits model
+    saved = json.loads((tmp_path / "noise_candidate_smoke.json").read_text())
+    assert saved["summary_line"] == _last_line(
+        (tmp_path / "noise_candidate_smoke.md").read_text().replace("```", "").strip()
+    )
+
+
 @pytest.mark.ray_free
 def test_denoise_batch_penalty_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``bench/denoise_batch_penalty.py --smoke``: a tiny denoise model, 2 epochs at the base

@@ -1,0 +1,192 @@
+"""The noise-scale candidate on the quality benchmark's spaces, trained on fresh test seeds.
+
+A study with baselines turns the small-batch baseline's measured gradient noise scale into one
+candidate schedule (``tuner.noise_candidate``). The quality benchmark's studies run no
+baselines, so its fronts never contain that candidate; this benchmark measures it apart, per
+task:
+
+1. the small-batch baseline of the task's space in ``bench/schedule_quality.py`` (the same
+   epochs, batch range and LR range), trained on one worker with trial seed 0 and the
+   noise scale measured at each epoch's end (``noise_batches``, as a study gives it);
+2. the candidate built from that curve (:func:`tuner.noise_candidate.noise_scale_schedule`);
+3. the candidate trained on the quality benchmark's test seeds (1000, 1001, ...; one worker
+   each) and evaluated on the TEST split.
+
+Summary line per task (the last one printed is the last task's)::
+
+    noise_candidate task=.. candidate=<stages> steps=.. test=<mean> std=..
+
+Results go to ``bench/results/noise_candidate.{json,md}``; compare them with the recipes'
+rows of ``schedule_quality*.md`` at similar step counts.
+
+    .venv/bin/python bench/noise_candidate.py                    # mnist1d, tinylm, denoise
+    .venv/bin/python bench/noise_candidate.py --smoke            # CI: digits, 2 epochs, 1 seed
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+for _path in (str(_HERE.parent), str(_HERE)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from common import (  # noqa: E402
+    LR_MULTIPLIER,
+    RESULTS_DIR,
+    Job,
+    default_batch_max,
+    ensure_ray,
+    machine_info,
+    markdown_table,
+    mean_std,
+    publish,
+    retrain_many,
+)
+from schedule_quality import study_spec  # noqa: E402
+
+from tuner.baselines import small_batch  # noqa: E402
+from tuner.noise_candidate import noise_scale_schedule  # noqa: E402
+from tuner.space import ScheduleSpace  # noqa: E402
+
+#: The test metric reported per task (higher is better but for a loss).
+TEST_METRIC = {"tinylm": "test_loss", "denoise": "test_psnr"}
+
+
+def measure_noise(task: str, space: ScheduleSpace, noise_batches: int) -> list[float | None]:
+    """The small-batch baseline of ``space`` on one worker, trial seed 0: its noise scale per
+    epoch, measured at each epoch's end from ``noise_batches`` batches."""
+    from workers.trainable import ScheduleTrainable
+
+    config = {
+        "schedule": small_batch(space).to_dict(),
+        "task": task,
+        "seed": 0,
+        "workers": 1,
+        "cpus_per_worker": 1.0,
+        "noise_batches": noise_batches,
+    }
+    trainable = ScheduleTrainable(config)
+    noise: list[float | None] = []
+    try:
+        while True:
+            result = trainable.train()
+            noise.append(result["noise_scale"])
+            if result["done"]:
+                return noise
+    finally:
+        trainable.stop()
+
+
+def run_task(
+    task: str, epochs: int | None, seeds: Sequence[int], noise_batches: int
+) -> dict[str, Any]:
+    from workers.runner import resolve_spec
+    from workers.tasks import get_task
+
+    defaults = get_task(task)
+    epochs = epochs or defaults.default_epochs
+    batch_max, _ = default_batch_max(task, defaults.default_base_batch_size)
+    spec = study_spec(
+        task, epochs, batch_max, 10**9, 1, 0, 1, 1, lr_multiplier=LR_MULTIPLIER.get(task)
+    )
+    resolved, _ = resolve_spec(spec)
+    space = ScheduleSpace.from_spec(resolved)
+    started = time.perf_counter()
+    noise = measure_noise(task, space, noise_batches)
+    candidate = noise_scale_schedule(space, noise)
+    row: dict[str, Any] = {
+        "task": task,
+        "epochs": epochs,
+        "small_batch": small_batch(space).summary(),
+        "noise_scale": noise,
+        "candidate": None if candidate is None else candidate.summary(),
+    }
+    if candidate is None:
+        row["note"] = "no noise scale measured: no candidate"
+        return row
+    row["schedule"] = candidate.to_dict()
+    runs = retrain_many([Job(f"noise_scale {s}", candidate, task, s) for s in seeds], parallel=2)
+    metric = TEST_METRIC.get(task, "test_accuracy")
+    values = [float(r.test_metrics[metric]) for r in runs]
+    row["metric"] = metric
+    row["values"] = values
+    row["mean"], row["std"] = mean_std(values)
+    row["steps"] = runs[0].steps
+    row["wall_time_s"] = time.perf_counter() - started
+    row["summary_line"] = (
+        f"noise_candidate task={task} candidate={row['candidate'].replace(' ', '')} "
+        f"steps={row['steps']} test={row['mean']:.4f} std={row['std']:.4f}"
+    )
+    return row
+
+
+def _markdown(data: dict[str, Any]) -> str:
+    rows = [
+        [
+            r["task"],
+            str(r["epochs"]),
+            ", ".join("-" if v is None else f"{v:,.0f}" for v in r["noise_scale"]),
+            f"`{r['candidate']}`" if r["candidate"] else "-",
+            str(r.get("steps", "-")),
+            f"{r['mean']:.4f} ± {r['std']:.4f} ({r['metric']})" if "mean" in r else r["note"],
+        ]
+        for r in data["rows"]
+    ]
+    lines = [
+        "# The noise-scale candidate on the quality benchmark's spaces",
+        "",
+        f"Small-batch baseline on one worker, trial seed 0, noise scale measured at each epoch's "
+        f"end from {data['noise_batches']} batches; the candidate from that curve trained on "
+        f"test seeds {', '.join(map(str, data['seeds']))} (one worker each), test split.",
+        "",
+        markdown_table(
+            ["task", "epochs", "noise scale per epoch", "candidate", "steps", "test"], rows
+        ),
+        "",
+        f"Machine: {data['machine']}",
+        "",
+        "```",
+        *[r["summary_line"] for r in data["rows"] if "summary_line" in r],
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--tasks", default="mnist1d,tinylm,denoise")
+    parser.add_argument("--epochs", type=int, default=None, help="default: each task's")
+    parser.add_argument("--seeds", type=int, default=5, help="test seeds")
+    parser.add_argument("--seed-base", type=int, default=1000)
+    parser.add_argument("--noise-batches", type=int, default=16)
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--smoke", action="store_true", help="digits, 2 epochs, 1 seed")
+    args = parser.parse_args(argv)
+    stem = "noise_candidate"
+    if args.smoke:
+        stem, args.tasks, args.epochs, args.seeds = "noise_candidate_smoke", "digits", 2, 1
+    seeds = [args.seed_base + i for i in range(args.seeds)]
+    ensure_ray(2)
+    rows = [run_task(t, args.epochs, seeds, args.noise_batches) for t in args.tasks.split(",")]
+    lines = [r["summary_line"] for r in rows if "summary_line" in r]
+    data = {
+        "noise_batches": args.noise_batches,
+        "seeds": seeds,
+        "rows": rows,
+        "machine": machine_info(),
+        "summary_line": lines[-1] if lines else "noise_candidate none",
+    }
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    return publish(args.results_dir, stem, data, _markdown)
+
+
+if __name__ == "__main__":
+    main()
