@@ -741,8 +741,7 @@ class ScheduleSearcher(Searcher):
         self._noise_candidate = False  # one candidate per study
         if any(m.candidate == NOISE_SCALE for m in self._trials.values()):
             return
-        drawn = self.study.get_trials(deepcopy=False)
-        if any(t.user_attrs.get(CANDIDATE_ATTR) == NOISE_SCALE for t in drawn):
+        if NOISE_SCALE in self._drawn_candidates():
             return
         epochs = self._space.total_epochs
         schedule = noise_scale_schedule(self._space, [self._noise.get(e) for e in range(epochs)])
@@ -756,15 +755,27 @@ class ScheduleSearcher(Searcher):
         log.info("noise-scale candidate: %s", schedule.summary())
         self._candidate = params
 
+    def _drawn_candidates(self) -> set[str]:
+        """The candidates (recipes, variants, the noise-scale schedule) this study's Optuna
+        trials drew: those issued with a number, or told infeasible. An enqueued candidate
+        that a killed run never issued does not count (its trial is closed as failed at the
+        resume, :meth:`_orphans`), so the resumed run draws it again."""
+        drawn: set[str] = set()
+        for t in self.study.get_trials(deepcopy=False):
+            candidate = t.user_attrs.get(CANDIDATE_ATTR)
+            if isinstance(candidate, str) and (
+                NUMBER_ATTR in t.user_attrs or t.user_attrs.get(INFEASIBLE_ATTR)
+            ):
+                drawn.add(candidate)
+        return drawn
+
     def _pending_recipes(self) -> list[tuple[str, dict[str, Any]]]:
         """The recipe candidates still to draw, as Optuna parameters (those a resumed study
         drew before its restart are left out; a recipe the space cannot draw too)."""
         if self._recipe_queue is None:
             self._recipe_queue = []
             if self._recipes:
-                drawn = {
-                    t.user_attrs.get(CANDIDATE_ATTR) for t in self.study.get_trials(deepcopy=False)
-                }
+                drawn = self._drawn_candidates()
                 for name, schedule in recipe_schedules(
                     self._space, self._objective.spec, self._train_size
                 ):
@@ -805,7 +816,7 @@ class ScheduleSearcher(Searcher):
             return self._variant_queue
         ranked.sort(key=lambda r: r[:3], reverse=True)
         best = [r[3] for r in ranked]
-        drawn = {t.user_attrs.get(CANDIDATE_ATTR) for t in self.study.get_trials(deepcopy=False)}
+        drawn = self._drawn_candidates()
         schedules = [
             self._space.sample(optuna.trial.FixedTrial(meta.params), self._cap) for meta in best
         ]
@@ -832,9 +843,16 @@ class ScheduleSearcher(Searcher):
     def _orphans(self, known: set[int]) -> list[tuple[int, TrialMeta, dict[str, Any]]]:
         """Optuna trials still RUNNING that Tune's (restored) state does not know: issued
         before the restart (replayed with the same number and schedule), or asked and never
-        issued (told failed)."""
+        issued (told failed). Trials still WAITING were enqueued by a run killed before its
+        ``ask`` took them (a run enqueues only right before it asks): they are closed as
+        failed too, or the next ``ask`` would hand that stale candidate to another draw, each
+        later candidate would shift by one and the last would be left waiting."""
         if self._storage_url is None:
             return []
+        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            # Study.tell takes RUNNING trials only; Optuna's fail_stale_trials closes trials
+            # through the storage the same way.
+            self.study._storage.set_trial_state_values(frozen._trial_id, TrialState.FAIL)
         issued = {m.optuna_trial for m in self._trials.values() if m.optuna_trial is not None}
         out = []
         for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):

@@ -27,7 +27,9 @@ DEFAULTS = TaskDefaults(epochs=6, base_batch_size=32, base_lr=0.1)
 TRAIN_SIZE = 4096
 
 
-def make_searcher(text: str, storage: str | None, name: str = "s") -> ScheduleSearcher:
+def make_searcher(
+    text: str, storage: str | None, name: str = "s", *, recipes: bool = False
+) -> ScheduleSearcher:
     spec = StudySpec.from_yaml(text)
     resolved = spec.resolve(DEFAULTS)
     space = ScheduleSpace.from_spec(resolved)
@@ -40,6 +42,7 @@ def make_searcher(text: str, storage: str | None, name: str = "s") -> ScheduleSe
         seed=spec.seed,
         startup_trials=3,
         train_size=TRAIN_SIZE,
+        recipes=recipes,
     )
 
 
@@ -196,6 +199,48 @@ def test_a_draw_cut_short_by_a_kill_leaves_one_optuna_trial_per_number(
         t.user_attrs["stagetune_number"] for t in study.trials if "stagetune_number" in t.user_attrs
     ]
     assert numbers == [3]
+
+
+def test_a_kill_between_enqueueing_a_candidate_and_asking_loses_no_candidate(
+    storage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process dies after a recipe candidate is enqueued and before Optuna's ask takes
+    it. The resumed run closes that waiting trial and draws every candidate once, in order,
+    and no trial is left waiting (before, the stale trial went to the next draw, each later
+    candidate's trial to the draw after its own, and a study whose budget ended first left
+    the last one waiting)."""
+    fresh = make_searcher(SPEC, f"sqlite:///{tmp_path / 'fresh.db'}", recipes=True)
+    for i in range(3):
+        suggest(fresh, f"f{i}")
+    drawn = [suggest(fresh, f"f{i}")[META_KEY] for i in range(3, 6)]
+    order = [m["candidate"] for m in drawn]
+    assert order[:2] == ["fitted_constant", "fitted_increase"]  # the recipes come first
+
+    first = make_searcher(SPEC, storage, recipes=True)
+    for i in range(3):
+        suggest(first, f"t{i}")  # the baselines
+    checkpoint = tmp_path / "searcher.pkl"
+    first.save(str(checkpoint))
+
+    def killed(self: optuna.Study, *args: Any, **kwargs: Any) -> optuna.Trial:
+        raise KeyboardInterrupt  # stands for the SIGKILL
+
+    monkeypatch.setattr(optuna.Study, "ask", killed)
+    with pytest.raises(KeyboardInterrupt):
+        first.suggest("t3")
+    monkeypatch.undo()
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.WAITING]  # what the kill left
+
+    second = pickle.loads(pickle.dumps(make_searcher(SPEC, storage, recipes=True)))
+    second.restore(str(checkpoint))
+    resumed = [suggest(second, f"n{i}")[META_KEY] for i in range(3)]
+    assert [m["number"] for m in resumed] == [3, 4, 5]
+    assert [m["candidate"] for m in resumed] == order
+    assert [m["params"] for m in resumed[:2]] == [m["params"] for m in drawn[:2]]
+    study = optuna.load_study(study_name="s", storage=storage)
+    states = [t.state for t in study.trials]
+    assert states == [TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING, TrialState.RUNNING]
 
 
 def test_a_fresh_start_completes_a_study_from_its_database_trials(storage: str) -> None:
