@@ -29,7 +29,7 @@ RUN python -m venv /opt/stagetune
 ENV PATH=/opt/stagetune/bin:$PATH
 
 # torch first, from the chosen index, so that no dependency pulls another build of it.
-RUN pip install --upgrade pip "setuptools>=69" wheel \
+RUN pip install --upgrade pip "setuptools>=77" wheel \
  && pip install "torch==${TORCH_VERSION}" --index-url "https://download.pytorch.org/whl/${TORCH_INDEX}"
 
 # The dependencies (a layer that survives source changes): install the project once from its
