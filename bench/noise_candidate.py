@@ -21,6 +21,9 @@ rows of ``schedule_quality*.md`` at similar step counts.
 
     .venv/bin/python bench/noise_candidate.py                    # mnist1d, tinylm, denoise
     .venv/bin/python bench/noise_candidate.py --smoke            # CI: digits, 2 epochs, 1 seed
+    # beside the candidate, other batch schedules with the recipes' LR, warm-ups and decay:
+    .venv/bin/python bench/noise_candidate.py --tasks mnist1d --tag two_stage \
+        --compare "128@0-3 -> 512@3-30,256@0-6 -> 1024@6-30"
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ from schedule_quality import study_spec  # noqa: E402
 
 from tuner.baselines import small_batch  # noqa: E402
 from tuner.noise_candidate import noise_scale_schedule  # noqa: E402
+from tuner.recipes import recipe_stages  # noqa: E402
+from tuner.schedule import Schedule  # noqa: E402
 from tuner.space import ScheduleSpace  # noqa: E402
 
 #: The test metric reported per task (higher is better but for a loss).
@@ -84,8 +89,43 @@ def measure_noise(task: str, space: ScheduleSpace, noise_batches: int) -> list[f
         trainable.stop()
 
 
+def parse_parts(text: str) -> list[tuple[int, int, int]]:
+    """``"128@0-3 -> 512@3-30"`` (a schedule's summary) as ``(start, end, batch)`` parts."""
+    parts = []
+    for stage in text.split("->"):
+        batch, _, span = stage.strip().partition("@")
+        start, _, end = span.partition("-")
+        try:
+            parts.append((int(start), int(end), int(batch)))
+        except ValueError:
+            raise SystemExit(
+                f"--compare: {stage.strip()!r} is not BATCH@START-END (e.g. 128@0-3)"
+            ) from None
+    return parts
+
+
+def _train(schedule: Schedule, task: str, seeds: Sequence[int], metric: str) -> dict[str, Any]:
+    """One schedule given to ``--compare``, trained and tested on the seeds."""
+    label = schedule.summary()
+    runs = retrain_many([Job(f"{label} {s}", schedule, task, s) for s in seeds], parallel=2)
+    values = [float(r.test_metrics[metric]) for r in runs]
+    mean, std = mean_std(values)
+    return {
+        "stages": label,
+        "schedule": schedule.to_dict(),
+        "steps": runs[0].steps,
+        "values": values,
+        "mean": mean,
+        "std": std,
+    }
+
+
 def run_task(
-    task: str, epochs: int | None, seeds: Sequence[int], noise_batches: int
+    task: str,
+    epochs: int | None,
+    seeds: Sequence[int],
+    noise_batches: int,
+    compare: Sequence[str] = (),
 ) -> dict[str, Any]:
     from workers.runner import resolve_spec
     from workers.tasks import get_task
@@ -98,6 +138,13 @@ def run_task(
     )
     resolved, _ = resolve_spec(spec)
     space = ScheduleSpace.from_spec(resolved)
+    metric = TEST_METRIC.get(task, "test_accuracy")
+    others = []  # checked before anything trains
+    for text in compare:
+        schedule = space.schedule(
+            recipe_stages(space, parse_parts(text)), label_smoothing=space.label_smoothing[0]
+        )
+        others.append(schedule)
     started = time.perf_counter()
     noise = measure_noise(task, space, noise_batches)
     candidate = noise_scale_schedule(space, noise)
@@ -108,12 +155,12 @@ def run_task(
         "noise_scale": noise,
         "candidate": None if candidate is None else candidate.summary(),
     }
+    row["compare"] = [_train(schedule, task, seeds, metric) for schedule in others]
     if candidate is None:
         row["note"] = "no noise scale measured: no candidate"
         return row
     row["schedule"] = candidate.to_dict()
     runs = retrain_many([Job(f"noise_scale {s}", candidate, task, s) for s in seeds], parallel=2)
-    metric = TEST_METRIC.get(task, "test_accuracy")
     values = [float(r.test_metrics[metric]) for r in runs]
     row["metric"] = metric
     row["values"] = values
@@ -150,6 +197,29 @@ def _markdown(data: dict[str, Any]) -> str:
             ["task", "epochs", "noise scale per epoch", "candidate", "steps", "test"], rows
         ),
         "",
+    ]
+    compared = [(r, c) for r in data["rows"] for c in r.get("compare", [])]
+    if compared:
+        lines += [
+            "Other batch schedules on the same test seeds, with the LR, warm-ups and decay the "
+            "candidate takes (the recipes'):",
+            "",
+            markdown_table(
+                ["task", "stages", "steps", "test", "per seed"],
+                [
+                    [
+                        r["task"],
+                        f"`{c['stages']}`",
+                        str(c["steps"]),
+                        f"{c['mean']:.4f} ± {c['std']:.4f}",
+                        ", ".join(f"{v:.4f}" for v in c["values"]),
+                    ]
+                    for r, c in compared
+                ],
+            ),
+            "",
+        ]
+    lines += [
         f"Machine: {data['machine']}",
         "",
         "```",
@@ -168,14 +238,27 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed-base", type=int, default=1000)
     parser.add_argument("--noise-batches", type=int, default=16)
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--compare",
+        default="",
+        help="comma-separated batch schedules (BATCH@START-END -> ...) to train beside the "
+        "candidate with the same LR rule (one task only)",
+    )
+    parser.add_argument("--tag", default="", help="suffix of the results' file names")
     parser.add_argument("--smoke", action="store_true", help="digits, 2 epochs, 1 seed")
     args = parser.parse_args(argv)
     stem = "noise_candidate"
     if args.smoke:
         stem, args.tasks, args.epochs, args.seeds = "noise_candidate_smoke", "digits", 2, 1
+    if args.tag:
+        stem += f"_{args.tag}"
+    compare = [c for c in args.compare.split(",") if c.strip()]
+    tasks = args.tasks.split(",")
+    if compare and len(tasks) != 1:
+        parser.error("--compare: its schedules are one task's; give one task in --tasks")
     seeds = [args.seed_base + i for i in range(args.seeds)]
     ensure_ray(2)
-    rows = [run_task(t, args.epochs, seeds, args.noise_batches) for t in args.tasks.split(",")]
+    rows = [run_task(t, args.epochs, seeds, args.noise_batches, compare) for t in tasks]
     lines = [r["summary_line"] for r in rows if "summary_line" in r]
     data = {
         "noise_batches": args.noise_batches,

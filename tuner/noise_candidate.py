@@ -10,10 +10,11 @@ the baselines as ``noise_scale``.
 
 The rule, per epoch ``e``: the space's power-of-two batch nearest to ``B_noise(e)`` (in log
 scale; the smallest batch before the first measurement), never decreasing (unless the space
-allows it); runs of equal batches are stages; stages shorter than the space's minimum are
-merged into the one before, and while there are more stages than the space allows, the
-shortest is merged into its neighbour (keeping the smaller batch: a schedule that grows its
-batch later is the safer error). The LR, warm-ups and decay are those the recipe candidates
+allows it); runs of equal batches are stages; a first stage shorter than the space's minimum
+takes the epochs up to it from the stages after it, a later one is merged into the one
+before, and while there are more stages than the space allows, the shortest is merged into
+its neighbour (keeping the smaller batch: a schedule that grows its batch later is the safer
+error). The LR, warm-ups and decay are those the recipe candidates
 give their stages (:func:`tuner.recipes.recipe_stages`): the scaling rule's LR for SGD and
 LARS (multiplier 1), the square-root rule's for AdamW, a warm-up wherever the LR rises, and
 the last stage's decay to zero.
@@ -76,14 +77,22 @@ def noise_scale_schedule(space: ScheduleSpace, noise: Sequence[float | None]) ->
         runs[lo] = [runs[lo][0], runs[hi][1], keep]
         del runs[hi]
 
+    # A first stage too short takes the epochs up to the space's minimum from the stages after
+    # it (merging it whole into the next would drop the rest of the curve: on mnist1d 256 for
+    # two epochs, then 1,024 for 28, became 256 throughout).
+    first_end = runs[0][0] + space.min_stage_epochs
+    if len(runs) > 1 and runs[0][1] < first_end:
+        runs[0][1] = first_end
+        while len(runs) > 1 and runs[1][1] <= first_end:
+            del runs[1]
+        if len(runs) > 1:
+            runs[1][0] = first_end
     i = 1
-    while i < len(runs):  # too short: into the stage before (the first one grows instead)
+    while i < len(runs):  # too short: into the stage before
         if runs[i][1] - runs[i][0] < space.min_stage_epochs:
             merge(i, i - 1)
         else:
             i += 1
-    if len(runs) > 1 and runs[0][1] - runs[0][0] < space.min_stage_epochs:
-        merge(0, 1)
     while len(runs) > space.stages_max:
         shortest = min(range(len(runs)), key=lambda k: (runs[k][1] - runs[k][0], k))
         merge(shortest, shortest - 1 if shortest > 0 else 1)

@@ -359,9 +359,12 @@ def test_noise_candidate_smoke(
 ) -> None:
     """``bench/noise_candidate.py --smoke``: the small-batch baseline on one worker measures
     its noise scale at each epoch's end, the candidate built from it trains on a test seed,
-    and the summary line gives what the row holds."""
+    and the summary line gives what the row holds; a schedule given to ``--compare`` trains
+    beside it with the same LR rule."""
     module = _load("noise_candidate")
-    data = module.main(["--smoke", "--results-dir", str(tmp_path)])
+    data = module.main(
+        ["--smoke", "--results-dir", str(tmp_path), "--compare", "64@0-1 -> 256@1-2"]
+    )
     fields = _fields(_last_line(capsys.readouterr().out), "noise_candidate")
     (row,) = data["rows"]
     assert row["noise_scale"][0] is not None
@@ -371,6 +374,16 @@ def test_noise_candidate_smoke(
     assert int(fields["steps"]) == row["steps"] > 0
     assert float(fields["test"]) == pytest.approx(row["mean"], abs=1e-4)
     assert 0.1 < row["mean"] <= 1.0  # test accuracy of a trained digits model
+    (other,) = row["compare"]
+    assert other["stages"] == "64@0-1 -> 256@1-2"
+    assert [st["lr_multiplier"] for st in other["schedule"]["stages"]] == [1.0, 1.0]
+    assert other["schedule"]["stages"][1]["warmup_epochs"] > 0  # the LR rises at the 4x step
+    assert other["steps"] > 0
+    assert 0.1 < other["mean"] <= 1.0
+    markdown = (tmp_path / "noise_candidate_smoke.md").read_text()
+    assert "| digits | `64@0-1 -> 256@1-2` |" in markdown
+    with pytest.raises(SystemExit, match="is not BATCH@START-END"):
+        module.main(["--smoke", "--results-dir", str(tmp_path), "--compare", "64 for 2 epochs"])
     saved = json.loads((tmp_path / "noise_candidate_smoke.json").read_text())
     assert saved["summary_line"] == _last_line(
         (tmp_path / "noise_candidate_smoke.md").read_text().replace("```", "").strip()

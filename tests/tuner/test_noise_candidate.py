@@ -46,6 +46,26 @@ def test_the_schedule_fits_the_space_and_keeps_the_smaller_batch_when_merging() 
     assert flat.summary() == "128@0-12"
 
 
+def test_a_first_stage_too_short_grows_to_the_minimum_and_the_curve_goes_on() -> None:
+    """mnist1d's measured curve: 225 and 283 samples, then 733 and more from the third epoch.
+    The first stage (two epochs at 256) is shorter than the space's minimum (three): it takes
+    the third epoch, and the batch then follows the curve; it used to swallow the whole run
+    (``256@0-12``)."""
+    sp = space(", min_stage_fraction: 0.25")
+    assert sp.min_stage_epochs == 3
+    schedule = noise_scale_schedule(sp, [225, 283] + [1000.0] * 10)
+    assert schedule is not None
+    assert schedule.summary() == "256@0-3 -> 1024@3-12"
+    # A short second stage inside the first one's minimum goes with it.
+    schedule = noise_scale_schedule(sp, [225, 600] + [1000.0] * 10)
+    assert schedule is not None
+    assert schedule.summary() == "256@0-3 -> 1024@3-12"
+    # A curve whose first stage is long enough is unchanged by it.
+    schedule = noise_scale_schedule(sp, [225, 283, 250, 280] + [1000.0] * 8)
+    assert schedule is not None
+    assert schedule.summary() == "256@0-4 -> 1024@4-12"
+
+
 def test_the_candidate_takes_the_recipes_lr_warmups_and_decay() -> None:
     # SGD (the linear rule): multiplier 1, a warm-up of 5 % of the run wherever the LR rises,
     # and the last stage anneals to zero where the space has cosine (no decay at all before).
