@@ -105,7 +105,8 @@ def parse_parts(text: str) -> list[tuple[int, int, int]]:
 
 
 def _train(schedule: Schedule, task: str, seeds: Sequence[int], metric: str) -> dict[str, Any]:
-    """One schedule given to ``--compare``, trained and tested on the seeds."""
+    """``schedule`` (the candidate, or one given to ``--compare``) trained and tested on the
+    seeds."""
     label = schedule.summary()
     runs = retrain_many([Job(f"{label} {s}", schedule, task, s) for s in seeds], parallel=2)
     values = [float(r.test_metrics[metric]) for r in runs]
@@ -160,12 +161,10 @@ def run_task(
         row["note"] = "no noise scale measured: no candidate"
         return row
     row["schedule"] = candidate.to_dict()
-    runs = retrain_many([Job(f"noise_scale {s}", candidate, task, s) for s in seeds], parallel=2)
-    values = [float(r.test_metrics[metric]) for r in runs]
+    trained = _train(candidate, task, seeds, metric)
     row["metric"] = metric
-    row["values"] = values
-    row["mean"], row["std"] = mean_std(values)
-    row["steps"] = runs[0].steps
+    for key in ("values", "mean", "std", "steps"):
+        row[key] = trained[key]
     row["wall_time_s"] = time.perf_counter() - started
     row["summary_line"] = (
         f"noise_candidate task={task} candidate={row['candidate'].replace(' ', '')} "
