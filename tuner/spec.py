@@ -520,9 +520,9 @@ class Budget(_Model):
     noise_candidate: bool = Field(
         default=True,
         description="Once the small-batch baseline has run, add one candidate whose batch "
-        "follows its measured gradient noise scale (McCandlish et al. 2018), rounded to the "
-        "space; it seeds the sampler and is reported beside the baselines. Needs baselines "
-        "and a single-objective study.",
+        "follows its measured gradient noise scale (McCandlish et al. 2018), rounded down to "
+        "the space's powers of two; it seeds the sampler and is reported beside the "
+        "baselines. Needs baselines and a single-objective study.",
     )
     divergence_factor: float | None = Field(
         default=20.0,

@@ -495,11 +495,11 @@ def test_the_noise_scale_candidate_follows_the_small_batch_baselines_measurement
     eng = engine(tmp_path, text)
     result = eng.run()
     space = eng.space
-    # 24, 48, 96, 192 per epoch -> 32, 64, 128, 256; at most 3 stages: the first two merge
-    # (at the smaller batch).
+    # 24, 48, 96, 192 per epoch -> 32 (the smallest batch: 24 is under it), 32, 64, 128 (the
+    # largest batch not above).
     expected = noise_scale_schedule(space, [24.0, 48.0, 96.0, 192.0])
     assert expected is not None
-    assert expected.summary() == "32@0-2 -> 128@2-3 -> 256@3-4"
+    assert expected.summary() == "32@0-2 -> 64@2-3 -> 128@3-4"
     candidates = [o for o in result.outcomes if o.extra.get("candidate") == "noise_scale"]
     assert len(candidates) == 1
     cand = candidates[0]
@@ -518,7 +518,7 @@ def test_the_noise_scale_candidate_follows_the_small_batch_baselines_measurement
     ]
     assert result.summary["noise_candidate"] == {
         "number": 3,
-        "schedule": "32@0-2 -> 128@2-3 -> 256@3-4",
+        "schedule": "32@0-2 -> 64@2-3 -> 128@3-4",
         "note": None,
     }
     # Without the small-batch baseline there is nothing to follow.

@@ -25,10 +25,11 @@ def space(extra: str = "") -> ScheduleSpace:
 GROWING = [None, 20, 40, 60, 100, 150, 300, 500, 700, 900, 1000, 2000]
 
 
-def test_batches_are_the_nearest_powers_of_two_and_never_decrease() -> None:
+def test_batches_are_the_powers_of_two_at_or_below_and_never_decrease() -> None:
     sp = space()
+    # The largest batch not above the noise scale: 900 gives 512, not the nearer 1,024.
     assert noise_scale_batches(sp, GROWING) == [
-        32, 32, 32, 64, 128, 128, 256, 512, 512, 1024, 1024, 1024,
+        32, 32, 32, 32, 64, 128, 256, 256, 512, 512, 512, 1024,
     ]  # fmt: skip
     # A dip does not shrink the batch; values beyond the space are clamped to it.
     assert noise_scale_batches(sp, [5, 300, 40, 5000] + [None] * 8) == [32, 256, 256] + [1024] * 9
@@ -38,32 +39,33 @@ def test_the_schedule_fits_the_space_and_keeps_the_smaller_batch_when_merging() 
     sp = space()
     schedule = noise_scale_schedule(sp, GROWING)
     assert schedule is not None
-    assert schedule.summary() == "32@0-4 -> 128@4-9 -> 1024@9-12"
+    # 64 and 128 (one epoch each) go into 32's stage, the last epoch's 1,024 into 512's.
+    assert schedule.summary() == "32@0-6 -> 256@6-8 -> 512@8-12"
     assert all(st.lr_multiplier == 1.0 for st in schedule.stages)  # the scaling rule
     assert noise_scale_schedule(sp, [None] * 12) is None  # nothing measured
     flat = noise_scale_schedule(sp, [100.0] * 12)
     assert flat is not None
-    assert flat.summary() == "128@0-12"
+    assert flat.summary() == "64@0-12"
 
 
 def test_a_first_stage_too_short_grows_to_the_minimum_and_the_curve_goes_on() -> None:
     """mnist1d's measured curve: 225 and 283 samples, then 733 and more from the third epoch.
-    The first stage (two epochs at 256) is shorter than the space's minimum (three): it takes
+    The first stage (two epochs at 128) is shorter than the space's minimum (three): it takes
     the third epoch, and the batch then follows the curve; it used to swallow the whole run
-    (``256@0-12``)."""
+    (``128@0-12``)."""
     sp = space(", min_stage_fraction: 0.25")
     assert sp.min_stage_epochs == 3
-    schedule = noise_scale_schedule(sp, [225, 283] + [1000.0] * 10)
+    schedule = noise_scale_schedule(sp, [225, 283] + [1100.0] * 10)
     assert schedule is not None
-    assert schedule.summary() == "256@0-3 -> 1024@3-12"
+    assert schedule.summary() == "128@0-3 -> 1024@3-12"
     # A short second stage inside the first one's minimum goes with it.
-    schedule = noise_scale_schedule(sp, [225, 600] + [1000.0] * 10)
+    schedule = noise_scale_schedule(sp, [225, 600] + [1100.0] * 10)
     assert schedule is not None
-    assert schedule.summary() == "256@0-3 -> 1024@3-12"
+    assert schedule.summary() == "128@0-3 -> 1024@3-12"
     # A curve whose first stage is long enough is unchanged by it.
-    schedule = noise_scale_schedule(sp, [225, 283, 250, 280] + [1000.0] * 8)
+    schedule = noise_scale_schedule(sp, [225, 283, 250, 280] + [1100.0] * 8)
     assert schedule is not None
-    assert schedule.summary() == "256@0-4 -> 1024@4-12"
+    assert schedule.summary() == "128@0-4 -> 1024@4-12"
 
 
 def test_the_candidate_takes_the_recipes_lr_warmups_and_decay() -> None:
@@ -76,8 +78,8 @@ def test_the_candidate_takes_the_recipes_lr_warmups_and_decay() -> None:
     ]
     assert shapes == [
         (32, 1.0, 0.6, "constant"),
-        (128, 1.0, 0.6, "constant"),
-        (1024, 1.0, 0.6, "cosine"),
+        (256, 1.0, 0.6, "constant"),
+        (512, 1.0, 0.6, "cosine"),
     ]  # fmt: skip
     # AdamW: the square-root rule's LR from the first stage's batch (linear scaling diverged).
     adamw = ScheduleSpace.from_spec(
@@ -90,7 +92,7 @@ def test_the_candidate_takes_the_recipes_lr_warmups_and_decay() -> None:
     schedule = noise_scale_schedule(adamw, GROWING)
     assert schedule is not None
     peaks = [schedule.peak_lr(i) / schedule.base_lr for i in range(schedule.num_stages)]
-    assert peaks == pytest.approx([1.0, 2.0, 32**0.5], rel=0.05)
+    assert peaks == pytest.approx([1.0, 8**0.5, 16**0.5], rel=0.05)
 
 
 @pytest.mark.parametrize(
