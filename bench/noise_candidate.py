@@ -21,9 +21,10 @@ rows of ``schedule_quality*.md`` at similar step counts.
 
     .venv/bin/python bench/noise_candidate.py                    # mnist1d, tinylm, denoise
     .venv/bin/python bench/noise_candidate.py --smoke            # CI: digits, 2 epochs, 1 seed
-    # beside the candidate, other batch schedules with the recipes' LR, warm-ups and decay:
+    # beside the candidate, other batch schedules with the recipes' LR, warm-ups and decay
+    # (x1.4: 1.4 times the recipe's LR in that stage), or schedule files as they are:
     .venv/bin/python bench/noise_candidate.py --tasks mnist1d --tag two_stage \
-        --compare "128@0-3 -> 512@3-30,256@0-6 -> 1024@6-30"
+        --compare "128@0-3 -> 512@3-30,128@0-20x1.4 -> 512@20-30,my-schedule.yaml"
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -89,19 +91,46 @@ def measure_noise(task: str, space: ScheduleSpace, noise_batches: int) -> list[f
         trainable.stop()
 
 
-def parse_parts(text: str) -> list[tuple[int, int, int]]:
-    """``"128@0-3 -> 512@3-30"`` (a schedule's summary) as ``(start, end, batch)`` parts."""
+def parse_parts(text: str) -> list[tuple[int, int, int, float]]:
+    """``"128@0-3 -> 512@3-30"`` (a schedule's summary) as ``(start, end, batch, factor)``
+    parts; ``BATCH@START-ENDxF`` sets a stage's ``factor`` (1 without)."""
     parts = []
     for stage in text.split("->"):
-        batch, _, span = stage.strip().partition("@")
+        body, _, factor = stage.strip().partition("x")
+        batch, _, span = body.partition("@")
         start, _, end = span.partition("-")
         try:
-            parts.append((int(start), int(end), int(batch)))
+            parts.append((int(start), int(end), int(batch), float(factor) if factor else 1.0))
         except ValueError:
             raise SystemExit(
-                f"--compare: {stage.strip()!r} is not BATCH@START-END (e.g. 128@0-3)"
+                f"--compare: {stage.strip()!r} is not BATCH@START-END or BATCH@START-ENDxF "
+                "(e.g. 128@0-3, or 128@0-3x1.4 for 1.4 times the recipe's LR)"
             ) from None
     return parts
+
+
+def compare_schedule(space: ScheduleSpace, text: str) -> Schedule:
+    """A schedule given to ``--compare``: a schedule YAML file (trained as it is), or stages
+    (:func:`parse_parts`) with the recipes' LR, warm-ups and decay, each stage's LR multiplier
+    then times its factor."""
+    path = Path(text.strip())
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise SystemExit(f"--compare: no schedule file {path}")
+        schedule = Schedule.load(path)
+        if schedule.total_epochs != space.total_epochs:
+            raise SystemExit(
+                f"--compare: {path} runs {schedule.total_epochs} epochs, the task's space "
+                f"{space.total_epochs}: give --epochs {schedule.total_epochs} or another file"
+            )
+        return schedule
+    parts = parse_parts(text)
+    stages = recipe_stages(space, [(start, end, batch) for start, end, batch, _ in parts])
+    stages = [
+        replace(stage, lr_multiplier=stage.lr_multiplier * factor)
+        for stage, (*_, factor) in zip(stages, parts, strict=True)
+    ]
+    return space.schedule(stages, label_smoothing=space.label_smoothing[0])
 
 
 def _train(schedule: Schedule, task: str, seeds: Sequence[int], metric: str) -> dict[str, Any]:
@@ -142,10 +171,7 @@ def run_task(
     metric = TEST_METRIC.get(task, "test_accuracy")
     others = []  # checked before anything trains
     for text in compare:
-        schedule = space.schedule(
-            recipe_stages(space, parse_parts(text)), label_smoothing=space.label_smoothing[0]
-        )
-        others.append(schedule)
+        others.append(compare_schedule(space, text))
     started = time.perf_counter()
     noise = measure_noise(task, space, noise_batches)
     candidate = noise_scale_schedule(space, noise)
@@ -200,15 +226,17 @@ def _markdown(data: dict[str, Any]) -> str:
     compared = [(r, c) for r in data["rows"] for c in r.get("compare", [])]
     if compared:
         lines += [
-            "Other batch schedules on the same test seeds, with the LR, warm-ups and decay the "
-            "candidate takes (the recipes'):",
+            "Other schedules on the same test seeds: batch schedules with the LR, warm-ups and "
+            "decay the candidate takes (the recipes', times a stage's factor), schedule files "
+            "as they are:",
             "",
             markdown_table(
-                ["task", "stages", "steps", "test", "per seed"],
+                ["task", "stages", "LR multipliers", "steps", "test", "per seed"],
                 [
                     [
                         r["task"],
                         f"`{c['stages']}`",
+                        ", ".join(f"{st['lr_multiplier']:g}" for st in c["schedule"]["stages"]),
                         str(c["steps"]),
                         f"{c['mean']:.4f} ± {c['std']:.4f}",
                         ", ".join(f"{v:.4f}" for v in c["values"]),
@@ -241,7 +269,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--compare",
         default="",
         help="comma-separated batch schedules (BATCH@START-END -> ...) to train beside the "
-        "candidate with the same LR rule (one task only)",
+        "candidate with the same LR rule (BATCH@START-ENDxF: F times that stage's LR), or "
+        "schedule YAML files, trained as they are (one task only)",
     )
     parser.add_argument("--tag", default="", help="suffix of the results' file names")
     parser.add_argument("--smoke", action="store_true", help="digits, 2 epochs, 1 seed")

@@ -360,11 +360,26 @@ def test_noise_candidate_smoke(
     """``bench/noise_candidate.py --smoke``: the small-batch baseline on one worker measures
     its noise scale at each epoch's end, the candidate built from it trains on a test seed,
     and the summary line gives what the row holds; a schedule given to ``--compare`` trains
-    beside it with the same LR rule."""
+    beside it with the same LR rule (a stage's ``xF`` scales its LR), and a schedule file as it
+    is."""
+    from tuner.schedule import Schedule
+
     module = _load("noise_candidate")
-    data = module.main(
-        ["--smoke", "--results-dir", str(tmp_path), "--compare", "64@0-1 -> 256@1-2"]
+    mine = Schedule.from_dict(
+        {
+            "version": 1,
+            "units": {"time": "epochs", "batch_size": "samples", "lr": "absolute"},
+            "base_lr": 0.05,
+            "base_batch_size": 32,
+            "stages": [
+                {"start_epoch": 0, "end_epoch": 1, "batch_size": 32, "lr_multiplier": 0.5},
+                {"start_epoch": 1, "end_epoch": 2, "batch_size": 128, "lr_multiplier": 0.25},
+            ],
+        }
     )
+    mine.dump(tmp_path / "mine.yaml")
+    compare = f"64@0-1x0.5 -> 256@1-2,{tmp_path / 'mine.yaml'}"
+    data = module.main(["--smoke", "--results-dir", str(tmp_path), "--compare", compare])
     fields = _fields(_last_line(capsys.readouterr().out), "noise_candidate")
     (row,) = data["rows"]
     assert row["noise_scale"][0] is not None
@@ -374,16 +389,35 @@ def test_noise_candidate_smoke(
     assert int(fields["steps"]) == row["steps"] > 0
     assert float(fields["test"]) == pytest.approx(row["mean"], abs=1e-4)
     assert 0.1 < row["mean"] <= 1.0  # test accuracy of a trained digits model
-    (other,) = row["compare"]
+    other, from_file = row["compare"]
     assert other["stages"] == "64@0-1 -> 256@1-2"
-    assert [st["lr_multiplier"] for st in other["schedule"]["stages"]] == [1.0, 1.0]
+    # The scaling rule's LR (multiplier 1), the first stage's halved by its x0.5.
+    assert [st["lr_multiplier"] for st in other["schedule"]["stages"]] == [0.5, 1.0]
     assert other["schedule"]["stages"][1]["warmup_epochs"] > 0  # the LR rises at the 4x step
     assert other["steps"] > 0
     assert 0.1 < other["mean"] <= 1.0
+    assert Schedule.from_dict(from_file["schedule"]).stages == mine.stages
+    assert from_file["steps"] > 0
     markdown = (tmp_path / "noise_candidate_smoke.md").read_text()
     assert "| digits | `64@0-1 -> 256@1-2` |" in markdown
     with pytest.raises(SystemExit, match="is not BATCH@START-END"):
         module.main(["--smoke", "--results-dir", str(tmp_path), "--compare", "64 for 2 epochs"])
+    with pytest.raises(SystemExit, match="no schedule file"):
+        module.main(["--smoke", "--results-dir", str(tmp_path), "--compare", "absent.yaml"])
+    longer = Schedule.from_dict(
+        {
+            "version": 1,
+            "units": {"time": "epochs", "batch_size": "samples", "lr": "absolute"},
+            "base_lr": 0.05,
+            "base_batch_size": 32,
+            "stages": [{"start_epoch": 0, "end_epoch": 3, "batch_size": 32}],
+        }
+    )
+    longer.dump(tmp_path / "longer.yaml")
+    with pytest.raises(SystemExit, match="runs 3 epochs, the task's space 2"):
+        module.main(
+            ["--smoke", "--results-dir", str(tmp_path), "--compare", str(tmp_path / "longer.yaml")]
+        )
     saved = json.loads((tmp_path / "noise_candidate_smoke.json").read_text())
     assert saved["summary_line"] == _last_line(
         (tmp_path / "noise_candidate_smoke.md").read_text().replace("```", "").strip()
