@@ -87,8 +87,8 @@ def noise_scale_schedule(space: ScheduleSpace, noise: Sequence[float | None]) ->
         del runs[hi]
 
     # A first stage too short takes the epochs up to the space's minimum from the stages after
-    # it (merging it whole into the next would drop the rest of the curve: on mnist1d 256 for
-    # two epochs, then 1,024 for 28, became 256 throughout).
+    # it (merging it whole into the next would drop the rest of the curve: on mnist1d two
+    # epochs at the first batch, then larger ones for 28, became the first batch throughout).
     first_end = runs[0][0] + space.min_stage_epochs
     if len(runs) > 1 and runs[0][1] < first_end:
         runs[0][1] = first_end
