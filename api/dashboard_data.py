@@ -86,8 +86,6 @@ BASELINE_LABELS: Final[Mapping[str, str]] = {
     "recipe_first_lr_double": "best recipe at twice the first stage's LR",
     "runner_up_lr_half": "second-best recipe at half the LR",
     "runner_up_first_lr_double": "second-best recipe at twice the first stage's LR",
-    "recipe_later_lr_double": "best recipe at twice the LR after its batch grows",
-    "runner_up_later_lr_double": "second-best recipe at twice the LR after its batch grows",
 }
 
 #: An incremental poll (``since``) re-sends trials finished this long before ``since``

@@ -111,8 +111,8 @@ log = logging.getLogger(__name__)
 META_KEY: Final = "stagetune"
 #: Consecutive infeasible draws after which the study fails (the constraint is too tight).
 MAX_DRAWS: Final = 200
-#: The LR variants of the best two recipes take at most one of this many tuned trials.
-VARIANT_SHARE: Final = 4
+#: The LR variants of the best recipe take at most one of this many tuned trials.
+VARIANT_SHARE: Final = 6
 #: The batches of the small-batch baseline's noise-scale measurement at each epoch's end on
 #: one worker without accumulation (``TrialConfig.noise_batches``; about 10 % more
 #: forward/backward passes on ``mnist1d`` at batch 32).

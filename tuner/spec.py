@@ -545,10 +545,9 @@ class Budget(_Model):
         "grows at most 4x). They seed "
         "the sampler and are reported beside the baselines (fitted_constant, fitted_increase, "
         "fitted_constant_sqrt, fitted_batch_warmup). Once they have trained, the best two train "
-        "again with their LR moved (recipe_first_lr_double, recipe_lr_half, "
-        "recipe_later_lr_double, then the same as runner_up_first_lr_double, "
-        "runner_up_lr_half, runner_up_later_lr_double; "
-        "at most one of 4 tuned trials of the budget; not in the stage-wise search). "
+        "again with their LR moved (recipe_first_lr_double, recipe_lr_half, then "
+        "runner_up_first_lr_double, runner_up_lr_half; "
+        "at most one of 6 tuned trials of the budget; not in the stage-wise search). "
         "Single-objective studies with the optuna or stagewise search.",
     )
     seed_runs: int = Field(

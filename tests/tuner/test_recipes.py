@@ -13,7 +13,6 @@ import pytest
 from tuner.engine_search import META_KEY, ScheduleSearcher
 from tuner.objectives import StudyObjective
 from tuner.optuna_storage import CANDIDATE_ATTR
-from tuner.prefixes import prefix_key
 from tuner.recipes import (
     FITTED_BATCH_WARMUP,
     FITTED_CONSTANT,
@@ -22,10 +21,8 @@ from tuner.recipes import (
     LR_VARIANTS,
     MAX_LR_JUMP,
     RECIPE_FIRST_LR_DOUBLE,
-    RECIPE_LATER_LR_DOUBLE,
     RECIPE_LR_HALF,
     RUNNER_UP_FIRST_LR_DOUBLE,
-    RUNNER_UP_LATER_LR_DOUBLE,
     RUNNER_UP_LR_HALF,
     lr_bracket,
     lr_variants,
@@ -376,17 +373,13 @@ def test_adamw_batch_warmup_grows_the_lr_by_the_square_root_rule_and_cools_down(
 
 
 def test_the_lr_variants_bracket_a_schedules_lr_and_keep_everything_else() -> None:
-    """The first stage's multiplier alone doubled, every stage's halved, the stages from the
-    first batch increase on doubled; batches, stages, warm-ups and decays stay; on the space's
-    grid and within its range."""
+    """The first stage's multiplier alone doubled, every stage's halved; batches, stages,
+    warm-ups and decays stay; on the space's grid and within its range."""
     spec = StudySpec.from_yaml(SPEC)
     space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
     recipe = recipes(SPEC)[FITTED_INCREASE]
     variants = dict(lr_variants(space, recipe))
-    assert list(variants) == [RECIPE_FIRST_LR_DOUBLE, RECIPE_LR_HALF, RECIPE_LATER_LR_DOUBLE]
-    assert [st.batch_size for st in recipe.stages] == sorted(
-        {st.batch_size for st in recipe.stages}
-    )
+    assert list(variants) == [RECIPE_FIRST_LR_DOUBLE, RECIPE_LR_HALF]
     mults = [st.lr_multiplier for st in recipe.stages]
     low, high = space.lr_mult_min, space.lr_mult_max
     assert mults == [1.0, 0.25, 0.25]  # the later stages at the range's bottom
@@ -396,14 +389,6 @@ def test_the_lr_variants_bracket_a_schedules_lr_and_keep_everything_else() -> No
 
     assert lrs(RECIPE_FIRST_LR_DOUBLE) == [2.0, 0.25, 0.25]
     assert lrs(RECIPE_LR_HALF) == [0.5, 0.25, 0.25] == [max(low, m / 2) for m in mults]
-    assert lrs(RECIPE_LATER_LR_DOUBLE) == [1.0, 0.5, 0.5]
-    # Up to its first batch increase the later-stages variant trains what the recipe trained:
-    # the same prefix key, so it forks from the state the recipe saved there.
-    config = {"seed": 0, "probe_at": [recipe.stages[0].end_epoch]}
-    later = variants[RECIPE_LATER_LR_DOUBLE]
-    assert prefix_key(later, 1, config) == prefix_key(recipe, 1, config)
-    assert prefix_key(later, 2, config) != prefix_key(recipe, 2, config)
-    assert prefix_key(variants[RECIPE_FIRST_LR_DOUBLE], 1, config) != prefix_key(recipe, 1, config)
     assert high > 2.0  # nothing clipped at the top
     for variant in variants.values():
         assert [
@@ -418,22 +403,11 @@ def test_the_lr_variants_bracket_a_schedules_lr_and_keep_everything_else() -> No
 
 def test_an_lr_variant_that_changes_nothing_is_left_out() -> None:
     """At the range's top doubling changes nothing (left out), halving still does; at its
-    bottom the reverse. A schedule whose batch never grows has no later stages to double."""
+    bottom the reverse."""
     spec = StudySpec.from_yaml(SPEC)
     space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
     one = recipes(SPEC)[FITTED_CONSTANT]
     assert [name for name, _ in lr_variants(space, one)] == [RECIPE_FIRST_LR_DOUBLE, RECIPE_LR_HALF]
-    increase = recipes(SPEC)[FITTED_INCREASE]
-    flat = replace(
-        increase,
-        stages=tuple(
-            replace(st, batch_size=increase.stages[0].batch_size) for st in increase.stages
-        ),
-    )
-    assert [name for name, _ in lr_variants(space, flat)] == [
-        RECIPE_FIRST_LR_DOUBLE,
-        RECIPE_LR_HALF,
-    ]
 
     def at(mult: float) -> Schedule:
         return replace(one, stages=tuple(replace(st, lr_multiplier=mult) for st in one.stages))
@@ -474,32 +448,29 @@ def test_once_the_recipes_have_trained_the_best_two_ones_lr_variants_come_next(
     runner_up = {
         RECIPE_FIRST_LR_DOUBLE: RUNNER_UP_FIRST_LR_DOUBLE,
         RECIPE_LR_HALF: RUNNER_UP_LR_HALF,
-        RECIPE_LATER_LR_DOUBLE: RUNNER_UP_LATER_LR_DOUBLE,
     }
     for name, variant in lr_variants(space, second):
         expected[runner_up[name]] = variant
-    # The runner-up (one stage at one batch) has no later stages to double.
-    wanted = [name for name in LR_VARIANTS if name != RUNNER_UP_LATER_LR_DOUBLE]
-    assert list(expected) == wanted
-    assert [name for name, _ in searcher._pending_variants()] == wanted
+    assert list(expected) == list(LR_VARIANTS)
+    assert [name for name, _ in searcher._pending_variants()] == list(LR_VARIANTS)
     copy = pickle.dumps(searcher)  # the queue planned, nothing of it drawn yet
     variants = [searcher.suggest("t4")]
     # Restored from that copy after the first was drawn: only the others are still to draw.
     restored = pickle.loads(copy)
-    assert [name for name, _ in restored._pending_variants()] == wanted[1:]
-    variants += [searcher.suggest(f"t{i}") for i in range(5, 9)]
-    assert [v[META_KEY]["candidate"] for v in variants] == wanted  # type: ignore[index]
+    assert [name for name, _ in restored._pending_variants()] == list(LR_VARIANTS[1:])
+    variants += [searcher.suggest(f"t{i}") for i in range(5, 8)]
+    assert [v[META_KEY]["candidate"] for v in variants] == list(LR_VARIANTS)  # type: ignore[index]
     for v in variants:
         name = v[META_KEY]["candidate"]  # type: ignore[index]
         assert Schedule.from_dict(v["schedule"]).stages == expected[name].stages  # type: ignore[index]
-    after = searcher.suggest("t9")
+    after = searcher.suggest("t8")
     assert after[META_KEY]["candidate"] is None  # type: ignore[index]
     # Tune's restore path (set_state) reads them back from the Optuna study too.
     again = pickle.loads(copy)
     again.set_state(searcher.get_state())
     assert again._pending_variants() == []
     ot = searcher.study.get_trials(deepcopy=False)
-    assert [t.user_attrs.get(CANDIDATE_ATTR) for t in ot][4:9] == wanted
+    assert [t.user_attrs.get(CANDIDATE_ATTR) for t in ot][4:8] == list(LR_VARIANTS)
 
 
 def test_the_lr_bracket_goes_around_the_best_two_recipes_and_trains_nothing_twice() -> None:
@@ -511,17 +482,7 @@ def test_the_lr_bracket_goes_around_the_best_two_recipes_and_trains_nothing_twic
     made = recipes(SPEC)
     constant, increase = made[FITTED_CONSTANT], made[FITTED_INCREASE]
     bracket = lr_bracket(space, [increase, constant, made[FITTED_BATCH_WARMUP]])
-    # The constant recipe's batch never grows: no runner_up_later_lr_double.
-    assert [name for name, _ in bracket] == [
-        name for name in LR_VARIANTS if name != RUNNER_UP_LATER_LR_DOUBLE
-    ]
-    warmup = made[FITTED_BATCH_WARMUP]
-    around_warmup = lr_bracket(space, [increase, warmup, constant])
-    assert [name for name, _ in around_warmup] == list(LR_VARIANTS)
-    assert (
-        dict(around_warmup)[RUNNER_UP_LATER_LR_DOUBLE].stages
-        == dict(lr_variants(space, warmup))[RECIPE_LATER_LR_DOUBLE].stages
-    )
+    assert [name for name, _ in bracket] == list(LR_VARIANTS)
     assert (
         dict(bracket)[RECIPE_LR_HALF].stages
         == dict(lr_variants(space, increase))[RECIPE_LR_HALF].stages
@@ -543,17 +504,17 @@ def test_the_lr_bracket_goes_around_the_best_two_recipes_and_trains_nothing_twic
     assert [name for name, _ in lr_bracket(space, [constant])] == list(LR_VARIANTS[:2])
 
 
-def test_a_small_budget_spends_at_most_a_quarter_of_its_trials_on_lr_variants(
+def test_a_small_budget_spends_at_most_a_sixth_of_its_trials_on_lr_variants(
     tmp_path: Path,
 ) -> None:
-    """With 24 tuned trials all six variants are drawn, with 12 the best recipe's three, with
-    7 one."""
-    for budget, wanted in ((24, 6), (12, 3), (7, 1)):
+    """With 24 tuned trials all four variants are drawn, with 12 the best recipe's two, with
+    6 one, with 5 none."""
+    for budget, wanted in ((24, 4), (12, 2), (6, 1), (5, 0)):
         searcher = make_searcher(f"sqlite:///{tmp_path / f'b{budget}.db'}", budget=budget)
         for i in range(3):
             searcher.suggest(f"t{i}")
         for i, score in enumerate((0.95, 0.97, 0.96)):
             _finish(searcher, f"t{i}", score)
-        later = [searcher.suggest(f"t{i}") for i in range(3, min(budget, 10))]
+        later = [searcher.suggest(f"t{i}") for i in range(3, min(budget, 8))]
         got = [c[META_KEY]["candidate"] for c in later]  # type: ignore[index]
         assert got == [*LR_VARIANTS[:wanted], *[None] * (len(later) - wanted)], budget
