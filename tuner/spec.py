@@ -542,11 +542,12 @@ class Budget(_Model):
         "scaling rule (for AdamW the base LR, and the constant batch once more at the "
         "square-root rule's LR), a decay at the end; under a step cap also a batch warm-up "
         "(a short first stage, then one larger batch: the pair with the most steps whose LR "
-        "grows at most 4x). They seed "
-        "the sampler and are reported beside the baselines (fitted_constant, fitted_increase, "
-        "fitted_constant_sqrt, fitted_batch_warmup). Once they have trained, the best two train "
-        "again with their LR moved (recipe_first_lr_double, recipe_lr_half, then "
-        "runner_up_first_lr_double, runner_up_lr_half; "
+        "grows at most 4x). Under a step cap the batch warm-up trains first and the "
+        "increasing batch second, else the constant batch first. They seed "
+        "the sampler and are reported beside the baselines (fitted_batch_warmup, "
+        "fitted_increase, fitted_constant, fitted_constant_sqrt). Once they have trained, "
+        "the best two train again with their LR moved (recipe_first_lr_double, "
+        "recipe_lr_half, then runner_up_first_lr_double, runner_up_lr_half; "
         "at most one of 6 tuned trials of the budget; not in the stage-wise search). "
         "Single-objective studies with the optuna or stagewise search.",
     )

@@ -171,18 +171,19 @@ def test_the_searcher_draws_the_recipes_first_and_once(tmp_path: Path) -> None:
     first = [searcher.suggest(f"t{i}") for i in range(4)]
     assert all(isinstance(c, dict) for c in first)
     drawn = [Schedule.from_dict(c["schedule"]).summary() for c in first]  # type: ignore[index]
-    assert drawn[:3] == ["256@0-12", "128@0-8 -> 512@8-10 -> 1024@10-12", "64@0-2 -> 256@2-12"]
+    # Under the step cap the batch warm-up recipe first, then the increase recipe.
+    assert drawn[:3] == ["64@0-2 -> 256@2-12", "128@0-8 -> 512@8-10 -> 1024@10-12", "256@0-12"]
     assert [c[META_KEY]["candidate"] for c in first] == [  # type: ignore[index]
-        FITTED_CONSTANT,
-        FITTED_INCREASE,
         FITTED_BATCH_WARMUP,
+        FITTED_INCREASE,
+        FITTED_CONSTANT,
         None,
     ]
     trials = searcher.study.get_trials(deepcopy=False)
     assert [t.user_attrs.get(CANDIDATE_ATTR) for t in trials] == [
-        FITTED_CONSTANT,
-        FITTED_INCREASE,
         FITTED_BATCH_WARMUP,
+        FITTED_INCREASE,
+        FITTED_CONSTANT,
         None,
     ]
     for i in range(4):
@@ -235,12 +236,13 @@ def test_adamw_recipes_keep_the_base_lr_and_cool_down_at_the_end() -> None:
     assert constant.peak_lr(0) == constant.peak_lr(1) == pytest.approx(0.003, rel=0.05)
     # A point the sampler can draw under the step cap (the searcher enqueues it so).
     assert space.params_for(constant, StepCap.of(spec.objective, 2048)) is not None
-    # The same recipe again at the square-root rule's LR (a base LR below Adam's edge).
+    # The same recipe again at the square-root rule's LR (a base LR below Adam's edge); under
+    # the step cap the batch warm-up and increase recipes first.
     assert list(found) == [
-        FITTED_CONSTANT,
-        FITTED_INCREASE,
-        FITTED_CONSTANT_SQRT,
         FITTED_BATCH_WARMUP,
+        FITTED_INCREASE,
+        FITTED_CONSTANT,
+        FITTED_CONSTANT_SQRT,
     ]
     sqrt = found[FITTED_CONSTANT_SQRT]
     assert [(st.start_epoch, st.batch_size, st.decay) for st in sqrt.stages] == [
@@ -277,7 +279,7 @@ def test_sgd_recipes_keep_the_studys_rule() -> None:
     space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
     found = dict(recipe_schedules(space, spec.objective, 2048))
     # No square-root twin.
-    assert list(found) == [FITTED_CONSTANT, FITTED_INCREASE, FITTED_BATCH_WARMUP]
+    assert list(found) == [FITTED_BATCH_WARMUP, FITTED_INCREASE, FITTED_CONSTANT]
     (constant,) = found[FITTED_CONSTANT].stages
     assert constant.lr_multiplier == 1.0
 
@@ -434,7 +436,7 @@ def test_once_the_recipes_have_trained_the_best_two_ones_lr_variants_come_next(
     searcher = make_searcher(storage)
     first = [searcher.suggest(f"t{i}") for i in range(3)]
     names = [c[META_KEY]["candidate"] for c in first]  # type: ignore[index]
-    assert names == [FITTED_CONSTANT, FITTED_INCREASE, FITTED_BATCH_WARMUP]
+    assert names == [FITTED_BATCH_WARMUP, FITTED_INCREASE, FITTED_CONSTANT]
     _finish(searcher, "t0", 0.95)
     _finish(searcher, "t2", 0.99, epochs=3)  # stopped early: ranked below a whole run
     # t1 is still training: no variants yet.
