@@ -104,11 +104,10 @@ trial seeds 0-4 at its 128-step cap: mean validation loss 2.520 nats, the consta
 2.610, the batch warm-up recipe 2.603). The order matters to a search in three ways: a
 small budget trains only the first few, a study trains two or more at once (the first two
 start together), and what finishes first is what the sampler, prefix reuse and ASHA's rungs
-start from. Measured on the
-efficiency bench (docs/design.md): with the batch warm-up recipe third, it was the trial that
-brought three of mnist1d's five studies within the tolerance, after 52-59 trial-epochs; first,
-it did so after 13.6 (0.36x random search's compute against 0.42x; ``tinylm`` 0.497x against
-0.55x, seed 1's best at 11.6 trial-epochs against 46.4).
+start from. Measured on the efficiency bench (docs/design.md): with the batch warm-up recipe
+third, it was the trial that brought three of mnist1d's five studies within the tolerance,
+after 52-59 trial-epochs; first, it did so after 13.6 (0.36x random search's compute against
+0.42x; ``tinylm`` 0.497x against 0.55x, seed 1's best at 11.6 trial-epochs against 46.4).
 
 Multipliers and warm-ups are clipped to the space's ranges and put on its grid; a recipe the
 space cannot draw (too few stages, a stage shorter than its minimum) is left out. Only
