@@ -228,8 +228,8 @@ def recipe_schedules(
     warmup = _batch_warmup(space, objective, train_size)
     if warmup is not None and all(warmup.stages != other.stages for _, other in out):
         out.append((FITTED_BATCH_WARMUP, warmup))
-    if warmup is not None:  # RECIPES order
-        out.sort(key=lambda item: RECIPES.index(item[0]))
+    order = RECIPES if warmup is not None else UNCAPPED_RECIPES
+    out.sort(key=lambda item: order.index(item[0]))
     return out
 
 
