@@ -40,12 +40,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tuner.recipes import recipe_stages
 from tuner.schedule import Schedule
 from tuner.space import ScheduleSpace
 
-__all__ = ["NOISE_SCALE", "noise_scale_batches", "noise_scale_schedule"]
+__all__ = [
+    "NOISE_SCALE",
+    "StepFloor",
+    "noise_scale_batches",
+    "noise_scale_schedule",
+    "noise_scale_step_floor",
+]
 
 #: The candidate's name where baselines' names are shown.
 NOISE_SCALE = "noise_scale"
@@ -114,3 +121,70 @@ def noise_scale_schedule(space: ScheduleSpace, noise: Sequence[float | None]) ->
         runs[k : k + 1] = [[start, cut, batch], [cut, end, batch]]
     stages = recipe_stages(space, [(start, end, batch) for start, end, batch in runs])
     return space.schedule(stages, label_smoothing=space.label_smoothing[0])
+
+
+@dataclass(frozen=True, slots=True)
+class StepFloor:
+    """What a run's measured noise scale says about how few steps could match it.
+
+    ``floor`` is McCandlish et al.'s minimum number of steps (at an unbounded batch) for the
+    progress the run made; ``steps`` the run's own steps; ``ratio`` = steps / floor, the most a
+    schedule could cut the run's steps by and still match it; ``measured_epochs`` of the
+    run's ``epochs`` had a usable measurement.
+    """
+
+    floor: float
+    steps: int
+    measured_epochs: int
+    epochs: int
+
+    @property
+    def ratio(self) -> float:
+        return self.steps / self.floor if self.floor > 0 else math.inf
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {
+            "floor": self.floor,
+            "steps": self.steps,
+            "ratio": self.ratio,
+            "measured_epochs": self.measured_epochs,
+            "epochs": self.epochs,
+        }
+
+
+def noise_scale_step_floor(
+    epochs: Sequence[tuple[int | None, int | None, float | None]],
+) -> StepFloor | None:
+    """The fewest steps that could match a run's progress, from its measured noise scale.
+
+    ``epochs``: per epoch of the run, in order, ``(batch, cumulative steps at its end, noise
+    scale measured at its end)``, as a trial reports them (``batch_size``, ``steps``,
+    ``noise_scale``). McCandlish et al. (2018, eq. 2.11): a step at batch ``B`` makes
+    ``1 / (1 + B_noise / B)`` of the progress of a step at an unbounded batch, so the run's
+    progress is worth ``S_min = sum over epochs of steps_e / (1 + B_noise_e / B_e)`` steps at
+    best, and no batch schedule matches that progress in fewer steps (each step is worth one
+    at most). An epoch without a usable measurement (none, or the estimate undefined: a
+    gradient too noisy to measure, so ``B_noise`` far above the batch) adds nothing, and each
+    epoch takes the value measured at its end (the noise scale mostly grows within an epoch),
+    so the floor leans low: a floor above a step budget is a real warning, one below it no
+    promise. Two caveats: the simple noise scale estimates the critical batch only up to the
+    loss's conditioning, and the model is SGD's (the tasks on AdamW follow it only roughly).
+    ``None`` when no epoch has a measurement.
+    """
+    floor = 0.0
+    before = 0
+    measured = 0
+    for batch, steps, noise in epochs:
+        if steps is None:
+            continue
+        taken = steps - before
+        before = steps
+        if batch is None or batch <= 0 or taken <= 0:
+            continue
+        if noise is None or not math.isfinite(noise) or noise <= 0:
+            continue
+        measured += 1
+        floor += taken / (1.0 + noise / batch)
+    if measured == 0:
+        return None
+    return StepFloor(floor=floor, steps=before, measured_epochs=measured, epochs=len(epochs))

@@ -3,10 +3,12 @@ the Optuna parameters that draw it."""
 
 from __future__ import annotations
 
+import math
+
 import optuna
 import pytest
 
-from tuner.noise_candidate import noise_scale_batches, noise_scale_schedule
+from tuner.noise_candidate import noise_scale_batches, noise_scale_schedule, noise_scale_step_floor
 from tuner.space import ScheduleSpace
 from tuner.spec import StudySpec, TaskDefaults
 
@@ -129,3 +131,39 @@ def test_a_schedule_outside_the_space_has_no_params() -> None:
         ).resolve(DEFAULTS)
     )
     assert small.params_for(schedule) is None
+
+
+def test_the_step_floor_weighs_each_epochs_steps_by_its_noise_scale() -> None:
+    # 64 steps an epoch at batch 32: at B_noise = B a step is worth half an unbounded-batch
+    # step, at 3B a quarter; the epoch without a measurement adds nothing.
+    floor = noise_scale_step_floor([(32, 64, 32.0), (32, 128, None), (32, 192, 96.0)])
+    assert floor is not None
+    assert floor.floor == pytest.approx(64 / 2 + 64 / 4)
+    assert (floor.steps, floor.measured_epochs, floor.epochs) == (192, 2, 3)
+    assert floor.ratio == pytest.approx(4.0)
+    assert floor.to_dict()["ratio"] == pytest.approx(4.0)
+    # Larger batches later in the run: each epoch's own batch and steps count.
+    mixed = noise_scale_step_floor([(32, 64, 32.0), (256, 72, 256.0)])
+    assert mixed is not None
+    assert mixed.floor == pytest.approx(32 + 4)
+
+
+def test_the_step_floor_skips_undefined_measurements_and_needs_one() -> None:
+    # A negative or infinite estimate (a gradient too noisy to measure) is no measurement.
+    floor = noise_scale_step_floor(
+        [(32, 10, -5.0), (32, 20, math.inf), (32, 30, 0.0), (32, 40, 96.0)]
+    )
+    assert floor is not None
+    assert floor.floor == pytest.approx(10 / 4)
+    assert floor.measured_epochs == 1
+    assert noise_scale_step_floor([(32, 10, None), (32, 20, -1.0)]) is None
+    assert noise_scale_step_floor([]) is None
+
+
+def test_a_larger_noise_scale_lowers_the_floor_and_it_never_exceeds_the_steps() -> None:
+    steps = [(64, 80 * (e + 1)) for e in range(10)]
+    low = noise_scale_step_floor([(b, s, 10.0 * (e + 1)) for e, (b, s) in enumerate(steps)])
+    high = noise_scale_step_floor([(b, s, 100.0 * (e + 1)) for e, (b, s) in enumerate(steps)])
+    assert low is not None
+    assert high is not None
+    assert high.floor < low.floor < low.steps == 800
