@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from tuner.errors import ValidationError
 from tuner.formatting import format_duration
+from tuner.noise_candidate import StepFloor
 from tuner.objectives import (
     compare,
     metric_words,
@@ -509,23 +510,45 @@ def _changed_since(trial: TrialRecord, since: datetime) -> bool:
 @dataclass(frozen=True)
 class NoiseCurve:
     """The gradient noise scale a trial measured per epoch (the small-batch baseline's: the
-    noise-scale candidate follows it)."""
+    noise-scale candidate follows it), and the step floor it gives
+    (:func:`tuner.noise_candidate.noise_scale_step_floor`)."""
 
     number: int
     points: Sequence[tuple[int, float | None]]
+    floor: StepFloor | None = None
 
-    def to_dict(self) -> dict[str, Any] | None:
+    def to_dict(self, step_cap: int | None = None) -> dict[str, Any] | None:
         """Columns for the schedule chart: ``epoch`` is the middle of the epoch it was
-        measured in (the batch picture's axis counts epochs from 0); ``None`` without any
-        finite value."""
+        measured in (the batch picture's axis counts epochs from 0); ``step_floor``: the
+        floor, the run's steps, their ratio, and the study's step cap (``objective.max_steps``)
+        if it has one. ``None`` without any finite value."""
         pts = [(e, v) for e, v in self.points if v is not None and math.isfinite(v) and v > 0]
         if not pts:
             return None
+        floor = None
+        if self.floor is not None:
+            floor = {
+                "floor": round(self.floor.floor, 1),
+                "steps": self.floor.steps,
+                "ratio": round(self.floor.ratio, 3),
+                "measured_epochs": self.floor.measured_epochs,
+                "epochs": self.floor.epochs,
+                "step_cap": step_cap,
+                "cap_below_floor": step_cap is not None and step_cap < self.floor.floor,
+            }
         return {
             "trial": self.number,
             "epoch": [e + 0.5 for e, _ in pts],
             "value": [round(v, 3) for _, v in pts],
+            "step_floor": floor,
         }
+
+
+def step_cap(spec: Mapping[str, Any]) -> int | None:
+    """The study's step cap (``objective.max_steps``), if it has one."""
+    raw = spec.get("objective")
+    cap = raw.get("max_steps") if isinstance(raw, Mapping) else None
+    return int(cap) if isinstance(cap, int | float) and not isinstance(cap, bool) else None
 
 
 def _shares_prefix(a: Mapping[str, Any], b: Mapping[str, Any], epoch: int) -> bool:
@@ -636,7 +659,7 @@ def study_page_data(
         "trials": [trial_row(t, metric) for t in shown],
         "curves": {str(t.number): compact_curve(curves.get(t.number, ())) for t in shown},
         "schedules": pictures,
-        "noise_scale": None if noise is None else noise.to_dict(),
+        "noise_scale": None if noise is None else noise.to_dict(step_cap(study.spec)),
         "comparison": comparison_rows(study, trials),
         # The search view: per trial, what it trained, forked or cloned, and its probes
         # (what the whole search spent is the header's ``search``).

@@ -155,6 +155,54 @@ def test_page_data_shows_forks_clones_and_probes_from_the_stored_epochs(
     assert lanes["2"]["probes"] == [[2, 0.8]]  # the lineage's probe, copied with its epoch
 
 
+def test_page_data_gives_the_small_batchs_step_floor_against_the_step_cap(
+    client: TestClient, store: StudyStore
+) -> None:
+    """Beside the noise-scale curve the page says how few steps could match the small batch
+    (tuner.noise_candidate.noise_scale_step_floor over its stored epochs) and whether the
+    study's step cap is below that; a curve with a missing epoch gives no floor."""
+    spec = {
+        "task": "digits",
+        "schedule": {"total_epochs": 3},
+        "objective": {"kind": "accuracy", "max_steps": 40},
+        "budget": {"trials": 2},
+    }
+    study = store.create_study("digits", spec, 2)
+    assert store.claim_study("w", 60) is not None
+    doc = {
+        "version": 1,
+        "base_lr": 0.1,
+        "base_batch_size": 32,
+        "stages": [{"start_epoch": 0, "end_epoch": 3, "batch_size": 32}],
+    }
+    small = store.create_trial(study.id, 0, doc, {}, baseline="small_batch")
+    # 32 steps an epoch at batch 32, the noise scale 32, 96, then too noisy to measure.
+    for epoch, noise in enumerate([32.0, 96.0, None]):
+        metrics = {"val_accuracy": 0.5, "batch_size": 32, "steps": 32 * (epoch + 1)}
+        store.add_epoch_metrics(small.id, epoch, {**metrics, "noise_scale": noise})
+    url = f"/dashboard/data/studies/{study.id}"
+    floor = client.get(url).json()["noise_scale"]["step_floor"]
+    assert floor["floor"] == pytest.approx(32 / 2 + 32 / 4)
+    assert (floor["steps"], floor["measured_epochs"], floor["epochs"]) == (96, 2, 3)
+    assert floor["ratio"] == pytest.approx(4.0)
+    # The cap of 40 steps is above the floor of 24: no warning.
+    assert (floor["step_cap"], floor["cap_below_floor"]) == (40, False)
+
+    capped = store.create_study("digits", {**spec, "objective": {"max_steps": 20}}, 2)
+    assert store.claim_study("w", 60) is not None
+    again = store.create_trial(capped.id, 0, doc, {}, baseline="small_batch")
+    for epoch in (0, 2):  # epoch 1 never stored: the steps between are not one epoch's
+        metrics = {"batch_size": 32, "steps": 32 * (epoch + 1), "noise_scale": 32.0}
+        store.add_epoch_metrics(again.id, epoch, {"val_accuracy": 0.5, **metrics})
+    noise = client.get(f"/dashboard/data/studies/{capped.id}").json()["noise_scale"]
+    assert noise["value"] == [32.0, 32.0]
+    assert noise["step_floor"] is None
+    store.add_epoch_metrics(again.id, 1, {"val_accuracy": 0.5, "batch_size": 32, "steps": 64})
+    floor = client.get(f"/dashboard/data/studies/{capped.id}").json()["noise_scale"]["step_floor"]
+    assert floor["floor"] == pytest.approx(16 + 16)  # epoch 1 has no measurement
+    assert (floor["step_cap"], floor["cap_below_floor"]) == (20, True)
+
+
 def test_page_data_since_returns_what_changed(
     client: TestClient, store: StudyStore, seeded: Seeded
 ) -> None:

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.baselines import build_baselines
 from tuner.formatting import format_duration
+from tuner.noise_candidate import noise_scale_step_floor
 from tuner.objectives import StudyObjective, TrialOutcome, summarize
 from tuner.schedule import Schedule, Stage
 from tuner.seeds import finalists, fresh_seeds, seed_stats
@@ -678,6 +679,23 @@ def test_study_page_draws_every_chart(server: Server, page: Any) -> None:
     assert noise["name"] == f"noise scale (small batch #{small.number})"
     assert noise["x"] == [e + 0.5 for e in range(small.epochs)]
     assert noise["y"] == pytest.approx([40.0 * 1.5**e for e in range(small.epochs)], abs=1e-3)
+    # Under the chart, the step floor that curve gives (this study has no step cap).
+    small_steps = [TRAIN_SIZE // small.schedule.batch_size_at(e) for e in range(small.epochs)]
+    floor = noise_scale_step_floor(
+        [
+            (small.schedule.batch_size_at(e), sum(small_steps[: e + 1]), 40.0 * 1.5**e)
+            for e in range(small.epochs)
+        ]
+    )
+    assert floor is not None
+    floor_text = page.locator("#noise-floor").inner_text()
+    assert floor_text.startswith(
+        f"Step floor: by its measured noise scale (McCandlish et al.), the progress the small "
+        f"batch (#{small.number}) made in {sum(small_steps):,} steps takes at least "
+        f"~{round(floor.floor):,} steps at any batch: a schedule can cut its steps by "
+        f"{floor.ratio:.1f}x at most"
+    ), floor_text
+    assert "step cap" not in floor_text
     # The noise-scale candidate has a row beside the baselines, compared with the best.
     with StudyStore(server.db_url) as store:
         summary = store.get_study(seeded.finished_id).summary or {}
