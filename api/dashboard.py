@@ -46,8 +46,8 @@ from api.routes import API_PREFIX
 from api.routes.params import StudyId, TrialNumber
 from tuner import __version__
 from tuner.errors import NotFoundError
-from tuner.noise_candidate import noise_scale_step_floor
-from tuner.store import MAX_PAGE_SIZE, StudyStore, TrialRecord
+from tuner.noise_candidate import step_floor_of_epochs
+from tuner.store import MAX_PAGE_SIZE, StudyStore, TrialRecord, TrialStatus
 
 __all__ = ["DATA_PREFIX", "STATIC_PREFIX", "router"]
 
@@ -250,20 +250,18 @@ def _page_data(
     small = next((t for t in trials if t.baseline == "small_batch"), None)
     measured = store.trial_metrics(small.id) if small is not None else []
     noise = [(m.epoch, m.noise_scale) for m in measured]
-    # The floor sums each epoch's steps: only from a curve without gaps (every epoch from 0).
-    contiguous = [m.epoch for m in measured] == list(range(len(measured)))
-    floor = (
-        noise_scale_step_floor([(m.batch_size, m.steps, m.noise_scale) for m in measured])
-        if contiguous
-        else None
-    )
+    floor = step_floor_of_epochs(measured)
     data = dd.study_page_data(
         study,
         trials,
         curves,
         now=now,
         since=since,
-        noise=dd.NoiseCurve(small.number, noise, floor) if small is not None else None,
+        noise=(
+            dd.NoiseCurve(small.number, noise, floor, small.status is TrialStatus.RUNNING)
+            if small is not None
+            else None
+        ),
         origins=store.epoch_origins(study_id, metric),
     )
     data["links"] = {

@@ -24,13 +24,14 @@ from typing import Any, Final
 
 from tuner.errors import ValidationError
 from tuner.formatting import format_duration
-from tuner.noise_candidate import StepFloor
+from tuner.noise_candidate import StepFloor, step_floor_text
 from tuner.objectives import (
     compare,
     metric_words,
     objective_values,
     search_text,
     study_metric,
+    study_step_cap,
 )
 from tuner.schedule import Schedule, schedule_summary
 from tuner.seeds import seed_text
@@ -516,39 +517,25 @@ class NoiseCurve:
     number: int
     points: Sequence[tuple[int, float | None]]
     floor: StepFloor | None = None
+    running: bool = False  # the trial is still running: its curve so far
 
     def to_dict(self, step_cap: int | None = None) -> dict[str, Any] | None:
         """Columns for the schedule chart: ``epoch`` is the middle of the epoch it was
         measured in (the batch picture's axis counts epochs from 0); ``step_floor``: the
-        floor, the run's steps, their ratio, and the study's step cap (``objective.max_steps``)
-        if it has one. ``None`` without any finite value."""
+        floor, the run's steps, their ratio, the study's step cap (``objective.max_steps``) if
+        it has one, and the sentence the page shows. ``None`` without any finite value."""
         pts = [(e, v) for e, v in self.points if v is not None and math.isfinite(v) and v > 0]
         if not pts:
             return None
-        floor = None
-        if self.floor is not None:
-            floor = {
-                "floor": round(self.floor.floor, 1),
-                "steps": self.floor.steps,
-                "ratio": round(self.floor.ratio, 3),
-                "measured_epochs": self.floor.measured_epochs,
-                "epochs": self.floor.epochs,
-                "step_cap": step_cap,
-                "cap_below_floor": step_cap is not None and step_cap < self.floor.floor,
-            }
+        floor = None if self.floor is None else self.floor.to_dict(step_cap)
+        if floor is not None:
+            floor["text"] = step_floor_text(floor, self.number, running=self.running)
         return {
             "trial": self.number,
             "epoch": [e + 0.5 for e, _ in pts],
             "value": [round(v, 3) for _, v in pts],
             "step_floor": floor,
         }
-
-
-def step_cap(spec: Mapping[str, Any]) -> int | None:
-    """The study's step cap (``objective.max_steps``), if it has one."""
-    raw = spec.get("objective")
-    cap = raw.get("max_steps") if isinstance(raw, Mapping) else None
-    return int(cap) if isinstance(cap, int | float) and not isinstance(cap, bool) else None
 
 
 def _shares_prefix(a: Mapping[str, Any], b: Mapping[str, Any], epoch: int) -> bool:
@@ -659,7 +646,7 @@ def study_page_data(
         "trials": [trial_row(t, metric) for t in shown],
         "curves": {str(t.number): compact_curve(curves.get(t.number, ())) for t in shown},
         "schedules": pictures,
-        "noise_scale": None if noise is None else noise.to_dict(step_cap(study.spec)),
+        "noise_scale": None if noise is None else noise.to_dict(study_step_cap(study.spec)),
         "comparison": comparison_rows(study, trials),
         # The search view: per trial, what it trained, forked or cloned, and its probes
         # (what the whole search spent is the header's ``search``).

@@ -39,8 +39,9 @@ batch 512). See ``bench/README.md`` for the figures with the recipes' convention
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from tuner.recipes import recipe_stages
 from tuner.schedule import Schedule
@@ -52,6 +53,8 @@ __all__ = [
     "noise_scale_batches",
     "noise_scale_schedule",
     "noise_scale_step_floor",
+    "step_floor_of_epochs",
+    "step_floor_text",
 ]
 
 #: The candidate's name where baselines' names are shown.
@@ -142,13 +145,17 @@ class StepFloor:
     def ratio(self) -> float:
         return self.steps / self.floor if self.floor > 0 else math.inf
 
-    def to_dict(self) -> dict[str, float | int]:
+    def to_dict(self, step_cap: int | None = None) -> dict[str, Any]:
+        """JSON-ready, with a study's step cap (``objective.max_steps``) if it has one and
+        whether that cap is below the floor (the best schedule will likely fall short)."""
         return {
-            "floor": self.floor,
+            "floor": round(self.floor, 1),
             "steps": self.steps,
-            "ratio": self.ratio,
+            "ratio": round(self.ratio, 3),
             "measured_epochs": self.measured_epochs,
             "epochs": self.epochs,
+            "step_cap": step_cap,
+            "cap_below_floor": step_cap is not None and step_cap < self.floor,
         }
 
 
@@ -188,3 +195,44 @@ def noise_scale_step_floor(
     if measured == 0:
         return None
     return StepFloor(floor=floor, steps=before, measured_epochs=measured, epochs=len(epochs))
+
+
+class _EpochReport(Protocol):
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def batch_size(self) -> int | None: ...
+    @property
+    def steps(self) -> int | None: ...
+    @property
+    def noise_scale(self) -> float | None: ...
+
+
+def step_floor_of_epochs(epochs: Sequence[_EpochReport]) -> StepFloor | None:
+    """:func:`noise_scale_step_floor` of a trial's stored per-epoch metrics
+    (:class:`tuner.store.EpochMetrics`, by epoch); ``None`` unless every epoch from 0 is there
+    (the floor sums each epoch's steps: a gap would count several epochs' steps as one's)."""
+    if [m.epoch for m in epochs] != list(range(len(epochs))):
+        return None
+    return noise_scale_step_floor([(m.batch_size, m.steps, m.noise_scale) for m in epochs])
+
+
+def step_floor_text(floor: Mapping[str, Any], trial: int, *, running: bool = False) -> str:
+    """The sentence the study page and the CLI show for :meth:`StepFloor.to_dict` of the
+    small-batch baseline (trial number ``trial``; ``running``: its curve so far)."""
+    so_far = " so far" if running else ""
+    text = (
+        f"Step floor: by its measured noise scale (McCandlish et al.), the progress the small "
+        f"batch (#{trial}) made in {floor['steps']:,} steps{so_far} takes at least "
+        f"~{round(floor['floor']):,} steps at any batch: a schedule can cut its steps by "
+        f"{floor['ratio']:.1f}x at most and still match it."
+    )
+    cap = floor.get("step_cap")
+    if cap is not None:
+        text += (
+            f" This study's step cap ({cap:,}) is below the floor: expect its best schedule to "
+            "fall short of the small batch."
+            if floor.get("cap_below_floor")
+            else f" This study's step cap ({cap:,}) is above it."
+        )
+    return text

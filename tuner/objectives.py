@@ -62,6 +62,7 @@ __all__ = [
     "search_text",
     "select_best",
     "study_metric",
+    "study_step_cap",
     "summarize",
     "trial_status",
 ]
@@ -149,6 +150,13 @@ def study_metric(
                 objective[key] = written[key]
     task = spec.get("task")
     return objective_metric(objective, task if isinstance(task, str) else None)
+
+
+def study_step_cap(spec: Mapping[str, Any]) -> int | None:
+    """A stored study's step cap (``objective.max_steps`` of its spec), if it has one."""
+    raw = spec.get("objective")
+    cap = raw.get("max_steps") if isinstance(raw, Mapping) else None
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) else None
 
 
 def metric_words(metric: str) -> str:

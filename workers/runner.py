@@ -35,14 +35,16 @@ from ray import tune
 
 from tuner.engine import SEED_RUN_KEY, EngineResult, TuningEngine
 from tuner.engine_search import PriorTrial, TrialMeta
-from tuner.errors import InvalidStateError, StagetuneError, ValidationError
+from tuner.errors import InvalidStateError, NotFoundError, StagetuneError, ValidationError
 from tuner.export import export_yaml
 from tuner.formatting import format_duration, format_metric
+from tuner.noise_candidate import step_floor_of_epochs, step_floor_text
 from tuner.objectives import (
     StudyObjective,
     TrialOutcome,
     epochs_done,
     search_text,
+    study_step_cap,
     trial_status,
 )
 from tuner.pbt import LINEAGE_KEY
@@ -268,6 +270,24 @@ def _fail(store: StudyStore, study_id: int, worker_id: str | None, exc: BaseExce
         log.warning("could not mark study %s failed: %s", study_id, inner)
 
 
+def _step_floor(
+    store: StudyStore, study_id: int, spec: Mapping[str, Any], outcomes: Sequence[TrialOutcome]
+) -> dict[str, Any] | None:
+    """The small-batch baseline's step floor (tuner.noise_candidate.noise_scale_step_floor),
+    with the study's step cap; ``None`` without that baseline or a noise-scale curve."""
+    small = next((o for o in outcomes if o.baseline == "small_batch"), None)
+    if small is None:
+        return None
+    try:
+        trial = store.get_trial(study_id, small.number)
+    except NotFoundError:
+        return None
+    floor = step_floor_of_epochs(store.trial_metrics(trial.id))
+    if floor is None:
+        return None
+    return {"trial": small.number, **floor.to_dict(study_step_cap(spec))}
+
+
 def _finish(
     store: StudyStore,
     study_id: int,
@@ -276,6 +296,7 @@ def _finish(
 ) -> StudyResult:
     study = store.get_study(study_id)
     summary = {"study_id": study_id, "name": study.name, "task": study.task, **result.summary}
+    summary["step_floor"] = _step_floor(store, study_id, study.spec, result.outcomes)
     best = result.summary.get("best")
     best_number = best["number"] if best else None
     owned = study.status is StudyStatus.RUNNING and (
@@ -651,5 +672,10 @@ def print_result(result: StudyResult, console: Any) -> None:
     search = search_text(summary)
     if search:
         console.print(search, soft_wrap=True)  # one line (the terminal wraps it)
+    floor = summary.get("step_floor")
+    if isinstance(floor, Mapping):
+        style = "yellow" if floor.get("cap_below_floor") else ""
+        text = step_floor_text(floor, int(floor["trial"]))
+        console.print(f"[{style}]{text}[/{style}]" if style else text, soft_wrap=True)
     if result.schedule_path is not None:
         console.print(f"best schedule written to [bold]{result.schedule_path}[/bold]")

@@ -744,17 +744,7 @@
       node.classList.remove("warn");
       return;
     }
-    var small = S.trials.get(S.noise.trial);
-    var sofar = small && small.status === "running" ? " so far" : "";
-    var text = "Step floor: by its measured noise scale (McCandlish et al.), the progress the small batch (#" +
-      S.noise.trial + ") made in " + fmtInt(f.steps) + " steps" + sofar + " takes at least ~" + fmtInt(f.floor) +
-      " steps at any batch: a schedule can cut its steps by " + f.ratio.toFixed(1) + "x at most and still match it.";
-    if (f.step_cap != null) {
-      text += f.cap_below_floor
-        ? " This study's step cap (" + fmtInt(f.step_cap) + ") is below the floor: expect its best schedule to fall short of the small batch."
-        : " This study's step cap (" + fmtInt(f.step_cap) + ") is above it.";
-    }
-    node.textContent = text;
+    node.textContent = f.text;  // tuner.noise_candidate.step_floor_text
     node.classList.toggle("warn", !!f.cap_below_floor);
   }
 

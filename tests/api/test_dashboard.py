@@ -201,6 +201,13 @@ def test_page_data_gives_the_small_batchs_step_floor_against_the_step_cap(
     floor = client.get(f"/dashboard/data/studies/{capped.id}").json()["noise_scale"]["step_floor"]
     assert floor["floor"] == pytest.approx(16 + 16)  # epoch 1 has no measurement
     assert (floor["step_cap"], floor["cap_below_floor"]) == (20, True)
+    # The sentence the page shows (tuner.noise_candidate.step_floor_text): the baseline is
+    # still running, so it is the curve so far, and the cap is below the floor.
+    assert "(#0) made in 96 steps so far takes at least ~32 steps" in floor["text"]
+    assert floor["text"].endswith(
+        "This study's step cap (20) is below the floor: expect its best schedule to fall "
+        "short of the small batch."
+    )
 
 
 def test_page_data_since_returns_what_changed(

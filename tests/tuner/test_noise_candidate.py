@@ -4,11 +4,18 @@ the Optuna parameters that draw it."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import optuna
 import pytest
 
-from tuner.noise_candidate import noise_scale_batches, noise_scale_schedule, noise_scale_step_floor
+from tuner.noise_candidate import (
+    noise_scale_batches,
+    noise_scale_schedule,
+    noise_scale_step_floor,
+    step_floor_of_epochs,
+    step_floor_text,
+)
 from tuner.space import ScheduleSpace
 from tuner.spec import StudySpec, TaskDefaults
 
@@ -167,3 +174,39 @@ def test_a_larger_noise_scale_lowers_the_floor_and_it_never_exceeds_the_steps() 
     assert low is not None
     assert high is not None
     assert high.floor < low.floor < low.steps == 800
+
+
+def test_the_step_floor_of_stored_epochs_needs_every_epoch_from_the_first() -> None:
+    @dataclass
+    class Epoch:
+        epoch: int
+        batch_size: int | None
+        steps: int | None
+        noise_scale: float | None
+
+    whole = [Epoch(0, 32, 64, 32.0), Epoch(1, 32, 128, None), Epoch(2, 32, 192, 96.0)]
+    floor = step_floor_of_epochs(whole)
+    assert floor is not None
+    assert floor.floor == pytest.approx(48)
+    # Epoch 1 missing: its steps would count as epoch 2's, so there is no floor.
+    assert step_floor_of_epochs([whole[0], whole[2]]) is None
+    assert step_floor_of_epochs(whole[1:]) is None
+
+
+def test_the_step_floors_sentence_says_the_cap_against_it() -> None:
+    floor = noise_scale_step_floor([(32, 64, 32.0), (32, 128, 96.0)])
+    assert floor is not None
+    plain = step_floor_text(floor.to_dict(), 0)
+    assert plain == (
+        "Step floor: by its measured noise scale (McCandlish et al.), the progress the small "
+        "batch (#0) made in 128 steps takes at least ~48 steps at any batch: a schedule can "
+        "cut its steps by 2.7x at most and still match it."
+    )
+    assert floor.to_dict(40)["cap_below_floor"] is True
+    assert step_floor_text(floor.to_dict(40), 0, running=True).endswith(
+        "This study's step cap (40) is below the floor: expect its best schedule to fall "
+        "short of the small batch."
+    )
+    assert "128 steps so far" in step_floor_text(floor.to_dict(40), 0, running=True)
+    assert floor.to_dict(48)["cap_below_floor"] is False
+    assert step_floor_text(floor.to_dict(64), 0).endswith("This study's step cap (64) is above it.")

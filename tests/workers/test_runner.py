@@ -166,6 +166,12 @@ def test_a_small_digits_study_end_to_end(
     assert small_noise[0] is not None, small_noise
     assert all(v is None or v > 0 for v in small_noise), small_noise
     assert all(m.noise_scale is None for m in store.trial_metrics(baselines[1].id))
+    # The step floor that curve gives is in the summary (this study has no step cap).
+    floor = summary["step_floor"]
+    assert floor["trial"] == 0
+    assert floor["steps"] == store.trial_metrics(baselines[0].id)[-1].steps
+    assert 0 < floor["floor"] < floor["steps"]
+    assert (floor["step_cap"], floor["cap_below_floor"]) == (None, False)
 
     # The Optuna study lives in the same database (tuned trials only).
     ot = optuna.load_study(study_name=optuna_study_name(study.id), storage=sqlite_url)

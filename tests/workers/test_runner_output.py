@@ -19,6 +19,7 @@ from rich.console import Console
 
 from tests.regression_task import TASK_NAME, LinearRegression, regression_task
 from tuner.engine_search import META_KEY, TrialMeta
+from tuner.noise_candidate import noise_scale_step_floor
 from tuner.objectives import StudyObjective, TrialOutcome, summarize
 from tuner.schedule import Schedule, Stage
 from tuner.seeds import seed_stats
@@ -79,6 +80,24 @@ def test_an_accuracy_study_prints_val_acc_as_before() -> None:
     assert "val_acc" in header
     assert "0.9346" in text
     assert "0.9000" in text
+
+
+def test_the_small_batchs_step_floor_is_printed_and_a_cap_below_it_is_a_warning() -> None:
+    obj = objective({"task": "digits"})
+    outcomes = [outcome(0, 0.9, obj, baseline="small_batch"), outcome(1, 0.93456, obj)]
+    floor = noise_scale_step_floor([(32, 64, 32.0), (32, 128, 96.0)])
+    assert floor is not None
+    summary = summarize(outcomes, obj)
+    text = printed({**summary, "step_floor": {"trial": 0, **floor.to_dict(None)}})
+    assert (
+        "Step floor: by its measured noise scale (McCandlish et al.), the progress the small "
+        "batch (#0) made in 128 steps takes at least ~48 steps at any batch: a schedule can "
+        "cut its steps by 2.7x at most and still match it." in " ".join(text.split())
+    )
+    capped = printed({**summary, "step_floor": {"trial": 0, **floor.to_dict(40)}})
+    assert "This study's step cap (40) is below the floor" in " ".join(capped.split())
+    # No floor (no small-batch baseline, or no noise-scale curve): no line.
+    assert "Step floor" not in printed({**summary, "step_floor": None})
 
 
 def test_a_loss_study_prints_its_metric_in_the_table(regression_task: LinearRegression) -> None:
