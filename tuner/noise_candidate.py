@@ -34,6 +34,14 @@ no decay at all), on the quality benchmark's spaces with the five test seeds: ``
 ``32@0-5 -> 64@5-8 -> 256@8-10``, 3.28 +/- 0.19 nats (linear scaling of AdamW's LR; the small
 batch 1.98); ``denoise`` ``32@0-4 -> 128@4-6 -> 512@6-8`` diverged on every seed (16x the LR at
 batch 512). See ``bench/README.md`` for the figures with the recipes' conventions.
+
+The same curve gives the step floor (:func:`noise_scale_step_floor`): the fewest steps, at
+any batch, that match the small batch's progress in McCandlish et al.'s model, and so the
+most any schedule could cut its steps by. On the quality benchmark's spaces
+(``bench/noise_candidate.py``) ``mnist1d`` allows about 27x, ``tinylm`` and ``denoise``
+about 2.3x: there "the small batch's figure at 5x fewer steps" is beyond what the measured
+noise allows. The study summary and the
+study page show it (:func:`step_floor_text`), with a warning when a step cap is below it.
 """
 
 from __future__ import annotations
