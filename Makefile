@@ -45,8 +45,8 @@ typecheck: $(STAMP)
 # share one Ray instance); the type checks, then everything else (quick tests, the browser's
 # tests that need no Ray, and the slow tests marked ray_free) in the other, at idle priority
 # (SCHED_IDLE: CPU time nothing else wants), since the training run is the longer one and sets
-# the time (its 30 slowest tests are listed); the other's report follows when both end. Ray
-# runs its worker processes, where the trials train, at nice 15 (RAY_worker_niceness), so at
+# the time (its 30 slowest tests are listed, the other's 15); the other's report follows when
+# both end. Ray runs its worker processes, where the trials train, at nice 15 (RAY_worker_niceness), so at
 # nice 10 the quick tests came before them, and even at nice 19 they took about a third of a
 # core from each. Measured on one 2-core machine: the training run 12:50 alone, 15:33 beside
 # the quick tests at nice 10, 14:12 at nice 19 (one run each); on another, 14:39 alone, 17:51
@@ -56,7 +56,7 @@ IDLE := $(shell chrt --idle 0 true 2>/dev/null && echo chrt --idle 0 || echo nic
 test: $(STAMP) system-deps lint
 	@tmp=$$(mktemp -d); \
 	( $(IDLE) $(BIN)/mypy; types=$$?; \
-	  $(IDLE) $(BIN)/pytest -m "not ray and (not slow or browser or ray_free)" --basetemp="$$tmp/quick"; \
+	  $(IDLE) $(BIN)/pytest -m "not ray and (not slow or browser or ray_free)" --durations=15 --basetemp="$$tmp/quick"; \
 	  tests=$$?; test $$types -eq 0 && test $$tests -eq 0 ) >"$$tmp/quick.log" 2>&1 & \
 	quick=$$!; \
 	$(BIN)/pytest -m "ray or (slow and not browser and not ray_free)" --durations=30 --basetemp="$$tmp/training"; training=$$?; \
