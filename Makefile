@@ -46,12 +46,12 @@ typecheck: $(STAMP)
 # tests that need no Ray, and the slow tests marked ray_free) in the other, at idle priority
 # (SCHED_IDLE: CPU time nothing else wants), since the training run is the longer one and sets
 # the time (its 30 slowest tests are listed, the other's 15); the other's report follows when
-# both end. Ray runs its worker processes, where the trials train, at nice 15 (RAY_worker_niceness), so at
-# nice 10 the quick tests came before them, and even at nice 19 they took about a third of a
-# core from each. Measured on one 2-core machine: the training run 12:50 alone, 15:33 beside
-# the quick tests at nice 10, 14:12 at nice 19 (one run each); on another, 14:39 alone, 17:51
-# beside them at nice 19, 16:09 at idle priority (the quick tests 12:14 and 13:14). Where
-# chrt cannot set it, nice 19. Lint runs first.
+# both end. Ray runs its worker processes, where the trials train, at nice 15
+# (RAY_worker_niceness), so at nice 10 the quick tests came before them, and even at nice 19
+# they took about a third of a core from each. Measured on one 2-core machine: the training run
+# 12:50 alone, 15:33 beside the quick tests at nice 10, 14:12 at nice 19 (one run each); on
+# another, 14:39 alone, 17:51 beside them at nice 19, 16:09 at idle priority (the quick tests
+# 12:14 and 13:14). Where chrt cannot set it, nice 19. Lint runs first.
 IDLE := $(shell chrt --idle 0 true 2>/dev/null && echo chrt --idle 0 || echo nice -n 19)
 test: $(STAMP) system-deps lint
 	@tmp=$$(mktemp -d); \
