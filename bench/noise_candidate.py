@@ -10,11 +10,17 @@ task:
    noise scale measured at each epoch's end (``noise_batches``, as a study gives it);
 2. the candidate built from that curve (:func:`tuner.noise_candidate.noise_scale_schedule`);
 3. the candidate trained on the quality benchmark's test seeds (1000, 1001, ...; one worker
-   each) and evaluated on the TEST split.
+   each) and evaluated on the TEST split;
+4. the step floor of that small-batch run (:func:`tuner.noise_candidate.noise_scale_step_floor`):
+   McCandlish et al.'s fewest steps, at any batch, that match the progress it made, and so the
+   most any schedule could cut its steps by (``max_steps_ratio``). Where that is under 5, the
+   quality benchmark's "small batch's figure at 5x fewer steps" is out of reach by the
+   measured noise scale, not by the search.
 
 Summary line per task (the last one printed is the last task's)::
 
-    noise_candidate task=.. candidate=<stages> steps=.. test=<mean> std=..
+    noise_candidate task=.. candidate=<stages> steps=.. test=<mean> std=.. step_floor=..
+        max_steps_ratio=..
 
 Results go to ``bench/results/noise_candidate.{json,md}``; compare them with the recipes'
 rows of ``schedule_quality*.md`` at similar step counts.
@@ -57,7 +63,10 @@ from common import (  # noqa: E402
 from schedule_quality import study_spec  # noqa: E402
 
 from tuner.baselines import small_batch  # noqa: E402
-from tuner.noise_candidate import noise_scale_schedule  # noqa: E402
+from tuner.noise_candidate import (  # noqa: E402
+    noise_scale_schedule,
+    noise_scale_step_floor,
+)
 from tuner.recipes import recipe_stages  # noqa: E402
 from tuner.schedule import Schedule  # noqa: E402
 from tuner.space import ScheduleSpace  # noqa: E402
@@ -66,9 +75,12 @@ from tuner.space import ScheduleSpace  # noqa: E402
 TEST_METRIC = {"tinylm": "test_loss", "denoise": "test_psnr"}
 
 
-def measure_noise(task: str, space: ScheduleSpace, noise_batches: int) -> list[float | None]:
-    """The small-batch baseline of ``space`` on one worker, trial seed 0: its noise scale per
-    epoch, measured at each epoch's end from ``noise_batches`` batches."""
+def measure_noise(
+    task: str, space: ScheduleSpace, noise_batches: int
+) -> list[tuple[int, int, float | None]]:
+    """The small-batch baseline of ``space`` on one worker, trial seed 0: per epoch its batch,
+    its steps so far and its noise scale measured at the epoch's end from ``noise_batches``
+    batches."""
     from workers.trainable import ScheduleTrainable
 
     config = {
@@ -80,13 +92,13 @@ def measure_noise(task: str, space: ScheduleSpace, noise_batches: int) -> list[f
         "noise_batches": noise_batches,
     }
     trainable = ScheduleTrainable(config)
-    noise: list[float | None] = []
+    epochs: list[tuple[int, int, float | None]] = []
     try:
         while True:
             result = trainable.train()
-            noise.append(result["noise_scale"])
+            epochs.append((result["batch_size"], result["steps"], result["noise_scale"]))
             if result["done"]:
-                return noise
+                return epochs
     finally:
         trainable.stop()
 
@@ -173,13 +185,17 @@ def run_task(
     for text in compare:
         others.append(compare_schedule(space, text))
     started = time.perf_counter()
-    noise = measure_noise(task, space, noise_batches)
+    measured = measure_noise(task, space, noise_batches)
+    noise = [n for _, _, n in measured]
     candidate = noise_scale_schedule(space, noise)
+    floor = noise_scale_step_floor(measured)
     row: dict[str, Any] = {
         "task": task,
         "epochs": epochs,
         "small_batch": small_batch(space).summary(),
         "noise_scale": noise,
+        "small_batch_steps": [steps for _, steps, _ in measured],
+        "step_floor": None if floor is None else floor.to_dict(),
         "candidate": None if candidate is None else candidate.summary(),
     }
     row["compare"] = [_train(schedule, task, seeds, metric) for schedule in others]
@@ -196,7 +212,16 @@ def run_task(
         f"noise_candidate task={task} candidate={row['candidate'].replace(' ', '')} "
         f"steps={row['steps']} test={row['mean']:.4f} std={row['std']:.4f}"
     )
+    if floor is not None:
+        row["summary_line"] += f" step_floor={floor.floor:.0f} max_steps_ratio={floor.ratio:.2f}"
     return row
+
+
+def _floor_cell(row: dict[str, Any]) -> str:
+    floor = row.get("step_floor")
+    if not floor:
+        return "-"
+    return f"{floor['floor']:,.0f} of {floor['steps']:,} ({floor['ratio']:.1f}x)"
 
 
 def _markdown(data: dict[str, Any]) -> str:
@@ -205,6 +230,7 @@ def _markdown(data: dict[str, Any]) -> str:
             r["task"],
             str(r["epochs"]),
             ", ".join("-" if v is None else f"{v:,.0f}" for v in r["noise_scale"]),
+            _floor_cell(r),
             f"`{r['candidate']}`" if r["candidate"] else "-",
             str(r.get("steps", "-")),
             f"{r['mean']:.4f} ± {r['std']:.4f} ({r['metric']})" if "mean" in r else r["note"],
@@ -219,8 +245,25 @@ def _markdown(data: dict[str, Any]) -> str:
         f"test seeds {', '.join(map(str, data['seeds']))} (one worker each), test split.",
         "",
         markdown_table(
-            ["task", "epochs", "noise scale per epoch", "candidate", "steps", "test"], rows
+            [
+                "task",
+                "epochs",
+                "noise scale per epoch",
+                "step floor (of the small batch's steps)",
+                "candidate",
+                "steps",
+                "test",
+            ],
+            rows,
         ),
+        "",
+        "Step floor: the fewest steps, at any batch, that make the small-batch run's progress "
+        "(McCandlish et al. 2018: a step at batch B is worth 1 / (1 + B_noise / B) of a step "
+        "at an unbounded batch; summed over the run's epochs, an epoch without a measurement "
+        "adding nothing), and in brackets the most a schedule could cut the small batch's steps "
+        "by and still match it. Under 5x: the small batch's figure at 5x fewer steps is out of "
+        "reach by the measured noise scale (an estimate: the simple noise scale, SGD's model; "
+        "it leans low, see `tuner.noise_candidate.noise_scale_step_floor`).",
         "",
     ]
     compared = [(r, c) for r in data["rows"] for c in r.get("compare", [])]

@@ -1111,6 +1111,15 @@ def test_the_readme_screenshot_is_of_a_real_study(
         # drawn beside the batch schedule.
         schedule = _chart(page, "chart-schedule")
         assert any((t["name"] or "").startswith("noise scale") for t in schedule), schedule
+        # Under it, the step floor that curve gives, from the trial's stored epochs.
+        assert (
+            page.locator("#noise-floor")
+            .inner_text()
+            .startswith(
+                "Step floor: by its measured noise scale (McCandlish et al.), the progress the "
+                f"small batch (#{next(t.number for t in trials if t.baseline == 'small_batch')})"
+            )
+        )
         _chart(page, "chart-cost")
         _chart(page, "chart-importance")  # drawn before the screenshot is taken
         ARTIFACTS.mkdir(exist_ok=True)

@@ -389,6 +389,12 @@ def test_noise_candidate_smoke(
     assert int(fields["steps"]) == row["steps"] > 0
     assert float(fields["test"]) == pytest.approx(row["mean"], abs=1e-4)
     assert 0.1 < row["mean"] <= 1.0  # test accuracy of a trained digits model
+    # The step floor of the small-batch run: below its steps, and on the summary line.
+    floor = row["step_floor"]
+    assert floor["steps"] == row["small_batch_steps"][-1]
+    assert 0 < floor["floor"] < floor["steps"]
+    assert float(fields["max_steps_ratio"]) == pytest.approx(floor["ratio"], abs=0.01)
+    assert int(fields["step_floor"]) == round(floor["floor"])
     other, from_file = row["compare"]
     assert other["stages"] == "64@0-1 -> 256@1-2"
     # The scaling rule's LR (multiplier 1), the first stage's halved by its x0.5.
@@ -400,6 +406,7 @@ def test_noise_candidate_smoke(
     assert from_file["steps"] > 0
     markdown = (tmp_path / "noise_candidate_smoke.md").read_text()
     assert "| digits | `64@0-1 -> 256@1-2` |" in markdown
+    assert f"({floor['ratio']:.1f}x)" in markdown
     with pytest.raises(SystemExit, match="is not BATCH@START-END"):
         module.main(["--smoke", "--results-dir", str(tmp_path), "--compare", "64 for 2 epochs"])
     with pytest.raises(SystemExit, match="no schedule file"):
