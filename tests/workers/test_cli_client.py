@@ -27,6 +27,7 @@ import httpx
 import pytest
 import yaml
 
+from tuner.noise_candidate import noise_scale_step_floor
 from tuner.schedule import Schedule, Stage
 from tuner.store import StudyStatus, StudyStore, TrialStatus
 
@@ -295,6 +296,28 @@ def test_cancel_and_delete_through_the_cli(server: Server, tmp_path: Path) -> No
     assert "running (cancel pending" in shown.stdout
     with StudyStore(server.database_url) as store:
         assert store.get_study(running).cancel_requested
+
+
+def test_status_shows_the_step_floor_of_a_finished_study(server: Server, tmp_path: Path) -> None:
+    """The study summary's step floor (the runner writes it when a study ends): one row of
+    ``stagetune status ID``, the sentence the CLI's result and the study page show."""
+    study_id = int(stagetune("submit", str(write_spec(tmp_path, "f")), "--url", server.url).stdout)
+    floor = noise_scale_step_floor([(32, 64, 32.0), (32, 128, 96.0)])
+    assert floor is not None
+    with StudyStore(server.database_url) as store:
+        claimed = store.claim_study("cli-test-worker", 60)
+        assert claimed is not None
+        assert claimed.id == study_id
+        summary = {"step_floor": {"trial": 0, **floor.to_dict(40)}}
+        store.finish_study(study_id, StudyStatus.COMPLETED, summary=summary)
+    shown = stagetune("status", str(study_id), "--url", server.url)
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert (
+        "step floor by its measured noise scale (McCandlish et al.), the progress the small "
+        "batch (#0) made in 128 steps takes at least ~48 steps at any batch" in text
+    ), shown.stdout
+    assert "This study's step cap (40) is below the floor" in text
 
 
 def test_every_command_has_help() -> None:

@@ -271,6 +271,15 @@ def _print_study(study: Mapping[str, Any]) -> None:
         f"{p.get('trials_running', 0)} running, {p.get('trials_remaining', 0)} remaining",
     )
     grid.add_row("best", best_text(study))
+    summary = study.get("summary")
+    floor = summary.get("step_floor") if isinstance(summary, Mapping) else None
+    if isinstance(floor, Mapping) and isinstance(floor.get("trial"), int):
+        from tuner.noise_candidate import step_floor_text  # the search space's imports: lazily
+
+        text = step_floor_text(floor, floor["trial"]).removeprefix("Step floor: ")
+        grid.add_row(
+            "step floor", f"[yellow]{text}[/yellow]" if floor.get("cap_below_floor") else text
+        )
     for key in ("created_at", "started_at", "finished_at"):
         if study.get(key):
             grid.add_row(key.removesuffix("_at"), str(study[key]))
