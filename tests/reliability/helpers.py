@@ -197,12 +197,12 @@ def api_server(
     env: Mapping[str, str] | None = None,
     workers: int = 1,
     start_timeout_s: float = 60.0,
-    keep_alive_s: float | None = None,
+    keep_alive_s: int | None = None,
 ) -> Iterator[Server]:
     """``uvicorn --factory api.app:create_app`` on a free loopback port, stopped on exit.
 
     ``keep_alive_s`` sets how long the server keeps an idle connection open (uvicorn's
-    ``--timeout-keep-alive``; its default, 5 s, when None).
+    ``--timeout-keep-alive``, whole seconds; its default, 5 s, when None).
     """
     port = free_port()
     child_env = clean_env({"STAGETUNE_DATABASE_URL": database_url, **(env or {})})
@@ -221,7 +221,7 @@ def api_server(
         "--no-access-log",
         "--workers",
         str(workers),
-        *(["--timeout-keep-alive", f"{keep_alive_s:g}"] if keep_alive_s is not None else []),
+        *(["--timeout-keep-alive", str(keep_alive_s)] if keep_alive_s is not None else []),
     ]
     log_file = open(log_path, "wb")  # noqa: SIM115 (closed in finally)
     process = subprocess.Popen(

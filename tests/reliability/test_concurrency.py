@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import time
@@ -143,7 +144,7 @@ def test_fifty_readers_and_a_writer_on_sqlite_never_see_an_error(
     # that response seconds later and reuse the connection just as the server closes it: a
     # transport race of HTTP keep-alive (a browser retries such a request), not an error of the
     # service. Seen once in CI as a ReadError on /health with a p99 latency of 12.9 s.
-    keep_alive = SECONDS + 120
+    keep_alive = math.ceil(SECONDS) + 120
     with (
         api_server(sqlite_url, tmp_path / "server.log", keep_alive_s=keep_alive) as server,
         StudyStore(sqlite_url) as store,
