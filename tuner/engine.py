@@ -1065,10 +1065,15 @@ class TuningEngine:
         stats = self._train_on_seeds(chosen, seeds, self.seed_experiment_path, reserve=False)
         open_slots = budget.finalists - sum(1 for o in chosen if o.baseline is None)
         extra = reserves(
-            outcomes, self.objective, stats, budget.reserve_finalists, open_slots=open_slots
+            outcomes,
+            self.objective,
+            stats,
+            budget.reserve_finalists,
+            open_slots=open_slots,
+            tie_break=budget.tie_break,
         )
         if extra and not (self.should_stop is not None and self.should_stop()):
-            picked = pick(stats, self.objective)
+            picked = pick(stats, self.objective, tie_break=budget.tie_break)
             why = (
                 "the pick's seed runs disagree"
                 if picked is not None and (picked.unstable or picked.failed)
@@ -1217,6 +1222,7 @@ class TuningEngine:
             self.objective,
             seed_runs=stats,
             seeds=seeds if stats else (),
+            tie_break=self.resolved.spec.budget.tie_break,
             extra={
                 "space": self.space.describe(),
                 "budget": self.budget,

@@ -39,6 +39,7 @@ from tuner.spec import (
     AccuracyObjective,
     ParetoObjective,
     StudySpec,
+    TieBreak,
     TimeToAccuracyObjective,
 )
 from tuner.tasks import MetricDirection
@@ -512,19 +513,21 @@ def summarize(
     extra: Mapping[str, Any] | None = None,
     seed_runs: Sequence[SeedStats] = (),
     seeds: Sequence[int] = (),
+    tie_break: TieBreak = "fewer_steps",
 ) -> dict[str, Any]:
     """The study summary (stored as the study's ``summary`` JSON and printed by the CLI): the
     result, its comparison with each baseline, and counts.
 
     With ``seed_runs`` (the finalists' :class:`~tuner.seeds.SeedStats` on ``seeds``) the
-    result is the finalist with the best mean over those seeds; the best single run is then
-    only what the search found (``seed_runs.search_pick``)."""
+    result is the finalist :func:`tuner.seeds.pick` takes over those seeds (the best mean, or
+    with ``tie_break="fewer_steps"`` a cheaper finalist within the seeds' noise of it); the
+    best single run is then only what the search found (``seed_runs.search_pick``)."""
     from tuner.seeds import lead, pick
 
     best, is_baseline = select_best(outcomes, objective)
     search_pick = best
-    robust = pick(seed_runs, objective) if seed_runs else None
-    ahead = lead(seed_runs, objective) if robust is not None else None
+    robust = pick(seed_runs, objective, tie_break=tie_break) if seed_runs else None
+    ahead = lead(seed_runs, objective, tie_break=tie_break) if robust is not None else None
     tie = _lead_note(ahead, objective)  # "" unless the lead is within noise
     if robust is not None:
         best = next((o for o in outcomes if o.number == robust.number), best)
@@ -548,7 +551,13 @@ def summarize(
         "best": None if best is None else _with_seeds(best.to_dict(objective), by_number),
         "best_schedule": None if best is None else best.schedule,
         "best_is_baseline": is_baseline,
-        "note": _note(best, is_baseline, outcomes, robust=len(seeds) if robust else 0)
+        "note": _note(
+            best,
+            is_baseline,
+            outcomes,
+            robust=len(seeds) if robust else 0,
+            for_steps=ahead is not None and ahead.for_steps,
+        )
         + _instability(robust, objective.metric)
         + (f". {tie}" if tie else ""),
         "baselines": [],
@@ -635,9 +644,9 @@ def _instability(robust: SeedStats | None, metric: str = "val_accuracy") -> str:
 
 
 def _lead_note(ahead: Lead | None, objective: StudyObjective) -> str:
-    """When the pick's lead over the runner-up finalist is within the seeds' noise
-    (:func:`tuner.seeds.lead`), a sentence saying which finalist is as good, by how much the
-    pick leads it, what it saves in steps, and how to tell them apart; else ""."""
+    """When the pick and the runner-up finalist are within the seeds' noise of each other
+    (:func:`tuner.seeds.lead`), a sentence saying which finalist it is, by how much the better
+    mean leads, what the cheaper one saves in steps, and how to tell them apart; else ""."""
     if ahead is None or ahead.clear:
         return ""
     who = (
@@ -654,8 +663,16 @@ def _lead_note(ahead: Lead | None, objective: StudyObjective) -> str:
         if objective.kind != "time_to_accuracy"
         else objective.names[0].replace("_", " ")
     )
-    saves = ""
     mine, theirs = ahead.pick_steps, ahead.runner_up_steps
+    if ahead.for_steps and mine is not None and theirs:
+        return (
+            f"Picked for fewer optimizer steps within the seeds' noise: {who} has the best mean, "
+            f"ahead by {num(-ahead.mean)} ± {num(ahead.std)} {what} over the same "
+            f"{ahead.seeds} fresh seeds, and the pick takes {1 - mine / theirs:.0%} fewer "
+            f"steps ({mine:,.0f} against {theirs:,.0f}); raise budget.seed_runs to tell them "
+            "apart, or set budget.tie_break: mean to pick the best mean"
+        )
+    saves = ""
     if mine and theirs is not None and theirs < 0.99 * mine:
         saves = (
             f", and it takes {1 - theirs / mine:.0%} fewer optimizer steps "
@@ -674,15 +691,22 @@ def _note(
     outcomes: Sequence[TrialOutcome],
     *,
     robust: int = 0,
+    for_steps: bool = False,
 ) -> str:
     if best is None:
         return "no trial completed its run; there is no result"
-    on = f" (best mean over {robust} fresh seeds)" if robust else ""
+    how = (
+        f"the fewest steps within the seeds' noise of the best mean over {robust} fresh seeds"
+        if for_steps
+        else f"best mean over {robust} fresh seeds"
+    )
+    on = f" ({how})" if robust else ""
     if robust and best.status != "completed":
         on = (
-            f" (best mean over {robust} fresh seeds; stopped early by the search, then "
-            "trained whole on those seeds as a reserve)"
+            f" ({how}; stopped early by the search, then trained whole on those seeds as a reserve)"
         )
+    if is_baseline and for_steps:
+        return f"the result is the {best.baseline} baseline{on}"
     if is_baseline:
         tuned = sum(1 for o in outcomes if o.baseline is None and o.eligible)
         if tuned == 0:
@@ -747,7 +771,12 @@ def search_text(summary: Mapping[str, Any]) -> str:
         parts.append(
             f"{n_final} finalist{'s' if n_final != 1 else ''} trained again on {n_seeds} fresh "
             f"seed{'s' if n_seeds != 1 else ''} ({float(seeded.get('compute_epochs') or 0):,.1f} "
-            "of those trial-epochs); the result is the best mean"
+            "of those trial-epochs); the result is "
+            + (
+                "the fewest steps within the seeds' noise of the best mean"
+                if isinstance(seeded.get("lead"), Mapping) and seeded["lead"].get("for_steps")
+                else "the best mean"
+            )
         )
     noise = summary.get("noise_candidate")
     if isinstance(noise, Mapping) and noise.get("number") is not None:

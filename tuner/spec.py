@@ -76,6 +76,7 @@ __all__ = [
     "StageDecay",
     "StudySpec",
     "TaskDefaults",
+    "TieBreak",
     "TimeToAccuracyObjective",
     "format_validation_error",
     "spec_problems",
@@ -92,6 +93,9 @@ MAX_SPEC_CHARS: Final = 256 * 1024
 
 StageDecay = Literal["constant", "cosine", "linear"]
 Cost = Literal["steps", "wall_time"]
+#: How the seed runs' pick treats finalists within the seeds' noise of the best mean
+#: (``tuner.seeds.pick``): the cheaper in optimizer steps, or always the best mean.
+TieBreak = Literal["fewer_steps", "mean"]
 
 
 class _Model(BaseModel):
@@ -558,8 +562,18 @@ class Budget(_Model):
         le=16,
         description="Before the study picks its result, its best full schedules (see "
         "`finalists`) and the best baseline train again on this many fresh seeds; the result "
-        "is the best mean over those seeds, reported as mean ± std. 0: pick on the search's "
+        "is the best mean over those seeds (see `tie_break`), reported as mean ± std. 0: pick "
+        "on the search's "
         "single run. Single-objective studies only.",
+    )
+    tie_break: TieBreak = Field(
+        default="fewer_steps",
+        description="How the seed runs pick among finalists the seeds cannot tell apart. "
+        "`fewer_steps`: a finalist that takes at most 95 % of the best mean's optimizer steps, "
+        "and that the best mean leads by less than twice the lead's standard error over the "
+        "same fresh seeds and by no more than the best mean's own std over them (nor is it "
+        "unstable where the best mean is stable), is picked instead (the fewest steps among "
+        "several); the summary reports the best mean's lead. `mean`: always the best mean.",
     )
     finalists: int = Field(
         strict=True,

@@ -520,7 +520,7 @@ class TrialPrinter(tune.Callback):
                 self._seed_runs_started = True
                 self.console.print(
                     f"seed runs: the finalists train again on {seed_run.get('seeds')} fresh "
-                    f"seeds ({seed_run.get('runs')} runs); the result is the best mean"
+                    f"seeds ({seed_run.get('runs')} runs); the result is picked on their means"
                 )
             self.console.print(
                 f"  [dim]start[/dim] trial {meta.number:>3} [{kind}] on seed "

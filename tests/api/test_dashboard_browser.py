@@ -399,6 +399,7 @@ def seed_database(url: str) -> Seeded:
             objective,
             seed_runs=seed_runs,
             seeds=seeds,
+            tie_break="mean",  # the result stays the best mean, the banner names the runner-up
             extra={
                 "optuna_study": optuna_name,
                 "compute_epochs": 187.4,

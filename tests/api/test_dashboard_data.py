@@ -302,6 +302,14 @@ def test_the_header_carries_a_finalist_that_ties_the_result_within_the_seeds_noi
         }
     )
     assert dd.study_header(tied, NOW)["lead_note"] == tie
+    # A pick made for fewer steps (budget.tie_break: fewer_steps) trails the best mean within
+    # noise: never a clear lead, so its sentence is shown too.
+    cheaper = "Picked for fewer optimizer steps within the seeds' noise: tuned trial 12 has ..."
+    for_steps = {**lead, "mean": -0.0003, "for_steps": True, "note": cheaper}
+    assert (
+        dd.study_header(study(summary={"seed_runs": {"lead": for_steps}}), NOW)["lead_note"]
+        == cheaper
+    )
     clear = study(summary={"seed_runs": {"lead": {**lead, "clear": True, "note": None}}})
     assert dd.study_header(clear, NOW)["lead_note"] is None
     assert dd.study_header(study(summary={"seed_runs": None}), NOW)["lead_note"] is None

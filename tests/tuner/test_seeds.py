@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from tuner.objectives import StudyObjective, TrialOutcome, summarize
+from tuner.objectives import StudyObjective, TrialOutcome, search_text, summarize
 from tuner.seeds import (
     SeedStats,
     finalists,
@@ -240,11 +240,9 @@ def _with(o: TrialOutcome, *, epochs_done: int, score: float | None = None) -> T
     return dataclasses.replace(o, epochs_done=epochs_done, extra={**o.extra, "score": score})
 
 
-def test_a_lead_within_the_seeds_noise_names_the_runner_up_and_what_it_saves() -> None:
-    """The finalists share the fresh seeds, so the lead is measured seed by seed. A pick ahead
-    by less than twice the lead's standard error is reported as a tie with the runner-up,
-    with the steps the runner-up would save; a clear lead says nothing more."""
-    obj = objective()
+def _tie() -> tuple[TrialOutcome, TrialOutcome, list[SeedStats]]:
+    """Two finalists the 3 fresh seeds cannot tell apart (the mnist1d quality benchmark's step-cap
+    study): trial 12 has the better mean by 0.0003 ± 0.0014, trial 2 takes 747 steps to 915."""
     longer, shorter = outcome(12, 0.988), outcome(2, 0.9875)
     stats = [
         seed_stats(
@@ -266,15 +264,88 @@ def test_a_lead_within_the_seeds_noise_names_the_runner_up_and_what_it_saves() -
             S,
         ),
     ]
+    return longer, shorter, stats
+
+
+def test_a_tie_within_the_seeds_noise_goes_to_the_schedule_with_fewer_steps() -> None:
+    """The finalists share the fresh seeds, so the lead is measured seed by seed. When the best
+    mean leads a cheaper finalist by less than twice the lead's standard error, the study picks
+    the cheaper one (``budget.tie_break: fewer_steps``, the default) and says so, with the best
+    mean's lead and what the pick saves."""
+    obj = objective()
+    longer, shorter, stats = _tie()
+    assert pick(stats, obj, tie_break="mean") is stats[1]
+    assert pick(stats, obj) is stats[0]
     ahead = lead(stats, obj)
     assert ahead is not None
-    assert ahead.runner_up == 2
-    assert ahead.mean == pytest.approx(0.000333, abs=1e-6)
+    assert ahead.for_steps
+    assert ahead.runner_up == 12
+    assert ahead.mean == pytest.approx(-0.000333, abs=1e-6)
     assert ahead.std == pytest.approx(0.001443, abs=1e-6)
     assert not ahead.clear
     summary = summarize([shorter, longer], obj, seed_runs=stats, seeds=S)
+    assert summary["best"]["number"] == 2
+    assert summary["seed_runs"]["picked"] == 2
+    assert summary["seed_runs"]["lead"]["runner_up"] == 12
+    assert summary["seed_runs"]["lead"]["for_steps"] is True
+    assert search_text({**summary, "compute_epochs": 60.0}).endswith(
+        "2 finalists trained again on 3 fresh seeds (24.0 of those trial-epochs); the result is "
+        "the fewest steps within the seeds' noise of the best mean"
+    )
+    assert summary["note"] == (
+        "the result is tuned trial 2 (the fewest steps within the seeds' noise of the best mean "
+        "over 3 fresh seeds). Picked for fewer optimizer steps within the seeds' noise: tuned "
+        "trial 12 has the best mean, ahead by 0.0003 ± 0.0014 validation accuracy over the same "
+        "3 fresh seeds, and the pick takes 18% fewer steps (747 against 915); raise "
+        "budget.seed_runs to tell them apart, or set budget.tie_break: mean to pick the best mean"
+    )
+    # A cheaper finalist the best mean clearly leads (the same means on seeds that agree) is
+    # behind, whatever it saves: the best mean is the pick and the note is the plain one.
+    steady = [
+        seed_stats(
+            shorter,
+            {
+                10: outcome(2, 0.9860, steps=747),
+                11: outcome(2, 0.9865, steps=747),
+                12: outcome(2, 0.9870, steps=747),
+            },
+            S,
+        ),
+        seed_stats(
+            longer,
+            {
+                10: outcome(12, 0.9865, steps=915),
+                11: outcome(12, 0.9870, steps=915),
+                12: outcome(12, 0.9875, steps=915),
+            },
+            S,
+        ),
+    ]
+    assert pick(steady, obj) is steady[1]
+    clear = lead(steady, obj)
+    assert clear is not None
+    assert clear.clear
+    assert not clear.for_steps
+    assert clear.mean == pytest.approx(0.0005)
+    plain = summarize([shorter, longer], obj, seed_runs=steady, seeds=S)
+    assert plain["note"] == "the result is tuned trial 12 (best mean over 3 fresh seeds)"
+
+
+def test_tie_break_mean_picks_the_best_mean_and_names_the_cheaper_runner_up() -> None:
+    """``budget.tie_break: mean`` keeps the best mean; a lead within noise is then reported
+    with the steps the runner-up would save. A saving under 5 % is no reason to give up the
+    best mean under the default either."""
+    obj = objective()
+    longer, shorter, stats = _tie()
+    ahead = lead(stats, obj, tie_break="mean")
+    assert ahead is not None
+    assert not ahead.for_steps
+    assert not ahead.clear
+    assert ahead.runner_up == 2
+    assert ahead.mean == pytest.approx(0.000333, abs=1e-6)
+    summary = summarize([shorter, longer], obj, seed_runs=stats, seeds=S, tie_break="mean")
     assert summary["best"]["number"] == 12
-    assert summary["seed_runs"]["lead"]["runner_up"] == 2
+    assert search_text({**summary, "compute_epochs": 60.0}).endswith("the result is the best mean")
     assert summary["seed_runs"]["lead"]["clear"] is False
     assert summary["note"] == (
         "the result is tuned trial 12 (best mean over 3 fresh seeds). Within the seeds' noise "
@@ -282,21 +353,34 @@ def test_a_lead_within_the_seeds_noise_names_the_runner_up_and_what_it_saves() -
         "over the same 3 fresh seeds, and it takes 18% fewer optimizer steps (747 against "
         "915); raise budget.seed_runs to tell them apart"
     )
-    # The same means on seeds that agree: a clear lead, and the note is the plain one.
-    steady = [
-        seed_stats(
-            shorter, {10: outcome(2, 0.9860), 11: outcome(2, 0.9865), 12: outcome(2, 0.9870)}, S
-        ),
-        seed_stats(
-            longer, {10: outcome(12, 0.9865), 11: outcome(12, 0.9870), 12: outcome(12, 0.9875)}, S
-        ),
-    ]
-    clear = lead(steady, obj)
-    assert clear is not None
-    assert clear.clear
-    assert clear.mean == pytest.approx(0.0005)
-    plain = summarize([shorter, longer], obj, seed_runs=steady, seeds=S)
-    assert plain["note"] == "the result is tuned trial 12 (best mean over 3 fresh seeds)"
+    near = [dataclasses.replace(stats[0], steps=880.0), stats[1]]  # 4 % fewer steps
+    assert pick(near, obj) is near[1]
+    assert not lead(near, obj).for_steps  # type: ignore[union-attr]
+
+
+def test_the_cheapest_of_several_tied_finalists_is_picked_and_failures_still_come_first() -> None:
+    obj = objective()
+    _, _, stats = _tie()
+    cheapest = dataclasses.replace(stats[0], number=7, steps=500.0)
+    assert pick([*stats, cheapest], obj).number == 7  # type: ignore[union-attr]
+    # A cheaper finalist with a failed seed run is behind on that alone.
+    failed = dataclasses.replace(cheapest, values=(0.9875, None, 0.986))
+    assert pick([*stats, failed], obj) is stats[0]
+    # So is one whose seeds disagree where the best mean's agree.
+    shaky = dataclasses.replace(
+        cheapest, values=(0.999, 0.95, 0.999), accuracies=(0.999, 0.95, 0.999)
+    )
+    assert shaky.unstable
+    assert pick([stats[1], shaky], obj) is stats[1]
+    # And one whose lead is hidden only by noisy differences: within twice the standard error,
+    # but further behind than the best mean's own spread over the seeds.
+    best = dataclasses.replace(stats[1], values=(0.990, 0.991, 0.989))
+    noisy = dataclasses.replace(cheapest, values=(0.995, 0.975, 0.980))
+    behind = lead([best, noisy], obj, tie_break="mean")
+    assert behind is not None
+    assert not behind.clear
+    assert behind.mean > (best.std or 0.0)
+    assert pick([best, noisy], obj) is best
 
 
 def test_a_lead_is_oriented_by_the_metric_and_skips_failed_and_unstable_runners_up() -> None:
@@ -305,7 +389,7 @@ def test_a_lead_is_oriented_by_the_metric_and_skips_failed_and_unstable_runners_
     b = SeedStats(
         2, "large_batch", (10, 11, 12), (2.45, 2.48, 2.47), (2.45, 2.48, 2.47), 8.0, steps=40
     )
-    ahead = lead([b, a], loss)
+    ahead = lead([b, a], loss, tie_break="mean")
     assert ahead is not None
     assert ahead.runner_up == 2  # a leads: its loss is lower on average
     assert ahead.mean == pytest.approx(0.05 / 3)
@@ -314,10 +398,25 @@ def test_a_lead_is_oriented_by_the_metric_and_skips_failed_and_unstable_runners_
         loss,
         seed_runs=[b, a],
         seeds=S,
+        tie_break="mean",
     )
     assert "the large_batch baseline (trial 2) is as good" in summary["note"]
     assert "validation loss" in summary["note"]
     assert "68% fewer optimizer steps (40 against 124)" in summary["note"]
+    # Under the default the cheaper baseline, within noise, is the result.
+    cheap = summarize(
+        [outcome(1, 2.45), outcome(2, 2.47, baseline="large_batch")],
+        loss,
+        seed_runs=[b, a],
+        seeds=S,
+    )
+    assert cheap["best"]["number"] == 2
+    assert cheap["note"].startswith(
+        "the result is the large_batch baseline (the fewest steps within the seeds' noise of "
+        "the best mean over 3 fresh seeds). Picked for fewer optimizer steps within the "
+        "seeds' noise: tuned trial 1 has the best mean, ahead by 0.0167 ± 0.0351 validation "
+        "loss over the same 3 fresh seeds, and the pick takes 68% fewer steps (40 against 124)"
+    )
     # A runner-up that failed a seed run is behind on that alone: no lead to report.
     failed = SeedStats(2, None, (10, 11, 12), (2.45, None, 2.47), (2.45, None, 2.47), 8.0)
     assert lead([a, failed], loss) is None

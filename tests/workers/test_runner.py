@@ -18,6 +18,7 @@ import pytest
 import ray
 import yaml
 
+from tests.seed_pick import checked_pick
 from tuner.export import export_schedule, validate_document
 from tuner.schedule import Schedule
 from tuner.spec import StudySpec
@@ -95,7 +96,8 @@ def test_a_small_digits_study_end_to_end(
 
     # The result is seed-robust: the two best completed tuned trials and the best baseline
     # (the finalists) trained again on 3 fresh seeds; the result is the best mean over those
-    # seeds, stored as the study's best value.
+    # seeds (or a finalist with fewer steps within the seeds' noise of it), stored as the
+    # study's best value.
     summary = study.summary
     assert summary is not None
     assert summary["best"]["number"] == study.best_trial_number == result.best_number
@@ -126,7 +128,7 @@ def test_a_small_digits_study_end_to_end(
         assert f["values"] == accs  # the accuracy objective's value is the accuracy
     # The fresh seeds train different models (their accuracies are not one run copied).
     assert len({a for f in finalists for a in f["val_accuracy"]}) > 3
-    picked = max(finalists, key=lambda f: (f["mean"], -f["number"]))
+    picked = checked_pick(seeded)  # the best mean, or a cheaper finalist within noise of it
     assert seeded["picked"] == best.number == picked["number"]
     assert study.best_value == pytest.approx(picked["mean"])
     assert summary["best"]["seeds"]["mean"] == picked["mean"]

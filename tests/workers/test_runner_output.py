@@ -23,7 +23,7 @@ from tuner.noise_candidate import noise_scale_step_floor
 from tuner.objectives import StudyObjective, TrialOutcome, summarize
 from tuner.schedule import Schedule, Stage
 from tuner.seeds import seed_stats
-from tuner.spec import StudySpec
+from tuner.spec import StudySpec, TieBreak
 from tuner.store.records import StudyStatus
 from workers.console import LOG_WIDTH, stdout_console
 from workers.runner import StudyResult, TrialPrinter, print_result
@@ -191,10 +191,14 @@ def test_to_a_pipe_the_result_table_keeps_names_and_schedules_whole() -> None:
     assert "0.9346" in rows[0]
 
 
-def test_a_runner_up_as_good_within_noise_has_a_row_and_the_note_says_what_it_saves() -> None:
+@pytest.mark.parametrize("tie_break", ["mean", "fewer_steps"])
+def test_a_runner_up_as_good_within_noise_has_a_row_and_the_note_says_what_it_saves(
+    tie_break: TieBreak,
+) -> None:
     """The note may call the runner-up finalist as good as the result; the table then shows
     that finalist (a plain TPE draw, neither the result nor a named candidate) with its seed
-    runs and steps, so that the user can take it instead."""
+    runs and steps, so that the user can take it instead. Under ``tie_break: fewer_steps``
+    (the default) the cheaper one is the result and the row is the best mean's."""
     obj = objective({"task": "digits"})
     small = outcome(0, 0.9, obj, baseline="small_batch")
     longer = replace(outcome(12, 0.9885, obj), steps=915, summary="128@0-22 -> 512@22-30")
@@ -212,12 +216,17 @@ def test_a_runner_up_as_good_within_noise_has_a_row_and_the_note_says_what_it_sa
         seed_stats(shorter, runs(shorter, [0.9875, 0.9875, 0.986]), seeds),
         seed_stats(small, runs(small, [0.90, 0.91, 0.92]), seeds),
     ]
+    summary = summarize(
+        [small, shorter, longer], obj, seed_runs=stats, seeds=seeds, tie_break=tie_break
+    )
+    best = 12 if tie_break == "mean" else 2
+    assert summary["best"]["number"] == best
     result = StudyResult(
         study_id=1,
         status=StudyStatus.COMPLETED,
-        summary=summarize([small, shorter, longer], obj, seed_runs=stats, seeds=seeds),
+        summary=summary,
         outcomes=(small, shorter, longer),
-        best_number=12,
+        best_number=best,
         best_is_baseline=False,
         best_schedule=None,
         schedule_path=Path("best.yaml"),
@@ -225,12 +234,20 @@ def test_a_runner_up_as_good_within_noise_has_a_row_and_the_note_says_what_it_sa
     console = Console(record=True, width=240)
     print_result(result, console)
     text = console.export_text()
+    flat = " ".join(text.split())
     row = next(line for line in text.splitlines() if "finalist" in line)
-    assert "64@0-3 -> 256@3-30" in row
-    assert "0.9870 ± 0.0009" in row  # its seed runs
-    assert " 747 " in row
-    assert "tuned trial 2 is as good" in text
-    assert "18% fewer optimizer steps (747 against 915)" in " ".join(text.split())
+    if tie_break == "mean":
+        assert "64@0-3 -> 256@3-30" in row
+        assert "0.9870 ± 0.0009" in row  # its seed runs
+        assert " 747 " in row
+        assert "tuned trial 2 is as good" in text
+        assert "18% fewer optimizer steps (747 against 915)" in flat
+    else:
+        assert "128@0-22 -> 512@22-30" in row
+        assert "0.9873 ± 0.0006" in row
+        assert " 915 " in row
+        assert "Picked for fewer optimizer steps within the seeds' noise: tuned trial 12" in flat
+        assert "the pick takes 18% fewer steps (747 against 915)" in flat
     # Each trial has one row: the result and the baseline are not repeated as finalists.
     assert sum("finalist" in line for line in text.splitlines()) == 1
 
