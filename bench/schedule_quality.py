@@ -508,6 +508,46 @@ def _targets(rows: dict[str, dict[str, Any]], ratio_goal: float, metric: Metric)
     }
 
 
+def _seed_note(seeded: Mapping[str, Any], metric: Metric) -> str:
+    """How a study's seed runs picked its result (from its summary's ``seed_runs``), for the
+    tuning line and the results' ``source``; "" without seed runs."""
+    if not seeded:
+        return ""
+    rows = seeded.get("finalists") or ()
+    stats: Mapping[str, Any] = next(
+        (f for f in rows if f.get("number") == seeded.get("picked")), {}
+    )
+    reserves = sum(1 for f in rows if f.get("reserve"))
+    among = f"{len(rows) - reserves} finalists" + (
+        f" and {reserves} reserve(s) (the finalists' pick was unstable)" if reserves else ""
+    )
+    mean = stats.get("metric_mean", stats.get(f"{metric.name}_mean"))
+    std = stats.get("metric_std", stats.get(f"{metric.name}_std"))
+    lead = seeded.get("lead") or {}
+    unit = " points" if metric.is_accuracy else ""
+    if lead and lead.get("for_steps"):
+        lead_note = (
+            f"; picked for fewer steps ({lead['pick_steps']:.0f} against "
+            f"{lead['runner_up_steps']:.0f}) within the seeds' noise of trial "
+            f"{lead['runner_up']}, the best mean, ahead by {metric.fmt(-lead['mean'])} +/- "
+            f"{metric.fmt(lead['std'])}{unit}"
+        )
+    elif lead:
+        lead_note = (
+            f"; its lead over trial {lead['runner_up']} on those seeds "
+            f"{metric.fmt(lead['mean'])} +/- {metric.fmt(lead['std'])}{unit}, "
+            + ("clear" if lead.get("clear") else "within the seeds' noise")
+        )
+    else:
+        lead_note = ""
+    return (
+        f"; picked on {len(seeded.get('seeds') or ())} fresh seeds among {among} (val "
+        f"{metric.fmt(mean or 0)} +/- {metric.show(std or 0)}, seed runs "
+        f"{float(seeded.get('compute_epochs') or 0):.0f} trial-epochs; the search's "
+        f"single-run best was trial {seeded.get('search_pick')}{lead_note})"
+    )
+
+
 def _tune(
     args: argparse.Namespace,
     space: ScheduleSpace,
@@ -551,32 +591,7 @@ def _tune(
     trial_epochs = sum(int(t["epochs_done"]) for t in run.trials)
     compute = float(run.summary.get("compute_epochs") or trial_epochs)
     seeded = run.summary.get("seed_runs") or {}
-    picked = run.summary.get("best") or {}
-    seed_note = ""
-    if seeded:
-        stats = picked.get("seeds") or {}
-        rows = seeded.get("finalists") or ()
-        reserves = sum(1 for f in rows if f.get("reserve"))
-        among = f"{len(rows) - reserves} finalists" + (
-            f" and {reserves} reserve(s) (the finalists' pick was unstable)" if reserves else ""
-        )
-        mean = stats.get("metric_mean", stats.get(f"{metric.name}_mean"))
-        std = stats.get("metric_std", stats.get(f"{metric.name}_std"))
-        lead = seeded.get("lead") or {}
-        lead_note = (
-            f"; its lead over trial {lead['runner_up']} on those seeds "
-            f"{metric.fmt(lead['mean'])} +/- {metric.fmt(lead['std'])}"
-            f"{' points' if metric.is_accuracy else ''}, "
-            + ("clear" if lead.get("clear") else "within the seeds' noise")
-            if lead
-            else ""
-        )
-        seed_note = (
-            f"; picked on {len(seeded.get('seeds') or ())} fresh seeds among {among} (val "
-            f"{metric.fmt(mean or 0)} +/- {metric.show(std or 0)}, seed runs "
-            f"{float(seeded.get('compute_epochs') or 0):.0f} trial-epochs; the search's "
-            f"single-run best was trial {seeded.get('search_pick')}{lead_note})"
-        )
+    seed_note = _seed_note(seeded, metric)
     print(
         f"tuning done in {run.wall_time_s:.0f} s, {trial_epochs} trial-epochs trained by the "
         f"trials, {compute:.0f} in all (probes, seed runs); best trial {run.best_number}"
