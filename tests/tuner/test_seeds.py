@@ -269,9 +269,10 @@ def _tie() -> tuple[TrialOutcome, TrialOutcome, list[SeedStats]]:
 
 def test_a_tie_within_the_seeds_noise_goes_to_the_schedule_with_fewer_steps() -> None:
     """The finalists share the fresh seeds, so the lead is measured seed by seed. When the best
-    mean leads a cheaper finalist by less than twice the lead's standard error, the study picks
-    the cheaper one (``budget.tie_break: fewer_steps``, the default) and says so, with the best
-    mean's lead and what the pick saves."""
+    mean leads a cheaper finalist by less than twice the lead's standard error and by no more
+    than its own spread over the seeds, the study picks the cheaper one (``budget.tie_break:
+    fewer_steps``, the default) and says so, with the best mean's lead and what the pick
+    saves."""
     obj = objective()
     longer, shorter, stats = _tie()
     assert pick(stats, obj, tie_break="mean") is stats[1]
