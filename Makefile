@@ -51,12 +51,16 @@ typecheck: $(STAMP)
 # they took about a third of a core from each. Measured on one 2-core machine: the training run
 # 12:50 alone, 15:33 beside the quick tests at nice 10, 14:12 at nice 19 (one run each); on
 # another, 14:39 alone, 17:51 beside them at nice 19, 16:09 at idle priority (the quick tests
-# 12:14 and 13:14). Where chrt cannot set it, nice 19. Lint runs first.
+# 12:14 and 13:14). Where chrt cannot set it, nice 19. The quick tests' PyTorch runs one thread
+# (OMP_NUM_THREADS=1): at idle priority a second intra-op thread waits, spinning, for a sibling
+# the scheduler has put off, and a test that trains 4 epochs of a small model took 151 s instead
+# of 1.6 s (the quick tests: 16:53 beside the training run with two threads, 8:49 alone with one).
+# Lint runs first.
 IDLE := $(shell chrt --idle 0 true 2>/dev/null && echo chrt --idle 0 || echo nice -n 19)
 test: $(STAMP) system-deps lint
 	@tmp=$$(mktemp -d); \
 	( $(IDLE) $(BIN)/mypy; types=$$?; \
-	  $(IDLE) $(BIN)/pytest -m "not ray and (not slow or browser or ray_free)" --durations=15 --basetemp="$$tmp/quick"; \
+	  OMP_NUM_THREADS=1 $(IDLE) $(BIN)/pytest -m "not ray and (not slow or browser or ray_free)" --durations=15 --basetemp="$$tmp/quick"; \
 	  tests=$$?; test $$types -eq 0 && test $$tests -eq 0 ) >"$$tmp/quick.log" 2>&1 & \
 	quick=$$!; \
 	$(BIN)/pytest -m "ray or (slow and not browser and not ray_free)" --durations=30 --basetemp="$$tmp/training"; training=$$?; \
