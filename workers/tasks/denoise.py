@@ -95,9 +95,9 @@ _BLOCK_STREAM: Final = 10
 def grey_images() -> np.ndarray[Any, Any]:
     """scikit-learn's two sample photographs as grey levels in [0, 1]: ``(2, 427, 640)``
     float32 (read once per process; needs Pillow)."""
-    from sklearn.datasets import load_sample_images
+    from workers.tasks.sklearn_data import sample_images
 
-    rgb = np.stack([np.asarray(image) for image in load_sample_images().images])
+    rgb = np.stack(sample_images())
     luma = rgb.astype(np.float64) @ np.array([0.299, 0.587, 0.114]) / 255.0
     grey: np.ndarray[Any, Any] = luma.astype(np.float32)
     grey.setflags(write=False)

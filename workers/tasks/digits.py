@@ -1,8 +1,10 @@
 """``digits``: scikit-learn's 8x8 handwritten digits (1,797 images, shipped with the package).
 
-Split deterministically (stratified, by ``data_seed``) into 1,079 train / 359 val / 359 test
-samples, standardised per pixel with the training split's mean and std; inputs are ``(N, 64)``
-float32. A small MLP learns it to > 0.95 validation accuracy in a few seconds on one core.
+Split deterministically (stratified, by ``data_seed``: scikit-learn's ``train_test_split``,
+computed without importing it, see :mod:`workers.tasks.sklearn_data`) into 1,079 train /
+359 val / 359 test samples, standardised per pixel with the training split's mean and std;
+inputs are ``(N, 64)`` float32. A small MLP learns it to > 0.95 validation accuracy in a few
+seconds on one core.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 from torch import nn
 
 from workers.task_options import DigitsOptions
+from workers.tasks import sklearn_data
 from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData
 from workers.tasks.models import MLP
 
@@ -36,21 +39,14 @@ class DigitsTask(BaseTask[DigitsOptions]):
     options_model = DigitsOptions
 
     def _load(self, opts: DigitsOptions, data_seed: int) -> TaskData:
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
-
-        x, y = load_digits(return_X_y=True)
-        x = np.asarray(x, dtype=np.float64)
-        y = np.asarray(y, dtype=np.int64)
+        x, y = sklearn_data.digits()
         n = len(y)
         n_test = round(n * TEST_FRACTION)
         n_val = round(n * VAL_FRACTION)
-        x_rest, x_test, y_rest, y_test = train_test_split(
-            x, y, test_size=n_test, stratify=y, random_state=data_seed % 2**32
-        )
-        x_train, x_val, y_train, y_val = train_test_split(
-            x_rest, y_rest, test_size=n_val, stratify=y_rest, random_state=(data_seed + 1) % 2**32
-        )
+        rest, test = sklearn_data.stratified_split(y, n_test, data_seed % 2**32)
+        x_rest, x_test, y_rest, y_test = x[rest], x[test], y[rest], y[test]
+        train, val = sklearn_data.stratified_split(y_rest, n_val, (data_seed + 1) % 2**32)
+        x_train, x_val, y_train, y_val = x_rest[train], x_rest[val], y_rest[train], y_rest[val]
         mean = x_train.mean(axis=0)
         std = x_train.std(axis=0)
         std[std == 0] = 1.0  # constant pixels (always blank in the training split)
