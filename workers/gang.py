@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import socket
 import time
 from collections.abc import Sequence
@@ -157,6 +158,14 @@ class GangMember:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self._worker, method)(*args, **kwargs)
 
+    def call_pickled(self, method: str, *args: Any, **kwargs: Any) -> bytes:
+        """``call``, its result pickled in this process."""
+        return pickle.dumps(self.call(method, *args, **kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def call_unpickled(self, method: str, *args: Any) -> Any:
+        """``call`` with arguments that arrive pickled (``bytes``; others as they are)."""
+        return self.call(method, *(pickle.loads(a) if isinstance(a, bytes) else a for a in args))
+
     def ping(self) -> int:
         return os.getpid()
 
@@ -287,24 +296,44 @@ class Gang:
         return self.call_each(method, [(args, kwargs)] * self.world_size)
 
     def call_each(
-        self, method: str, arguments: Sequence[tuple[tuple[Any, ...], dict[str, Any]]]
+        self,
+        method: str,
+        arguments: Sequence[tuple[tuple[Any, ...], dict[str, Any]]],
+        *,
+        pickled: bool = False,
+        unpickle: bool = False,
     ) -> list[Any]:
-        """Call ``method`` on every rank with that rank's ``(args, kwargs)``."""
+        """Call ``method`` on every rank with that rank's ``(args, kwargs)``. ``pickled``:
+        each result comes back as the bytes its rank pickled; ``unpickle``: ``bytes``
+        arguments are unpickled in the rank's process (positional arguments only)."""
         if self._broken is not None:
             raise GangError(f"the worker gang is unusable: {self._broken}")
         if len(arguments) != self.world_size:
             raise ValueError(f"need {self.world_size} argument sets, got {len(arguments)}")
-        refs = [
-            actor.call.remote(method, *args, **kwargs)
-            for actor, (args, kwargs) in zip(self.actors, arguments, strict=True)
-        ]
+        refs = []
+        for actor, (args, kwargs) in zip(self.actors, arguments, strict=True):
+            if unpickle:
+                if kwargs:
+                    raise ValueError("unpickle=True takes positional arguments only")
+                refs.append(actor.call_unpickled.remote(method, *args))
+            elif pickled:
+                refs.append(actor.call_pickled.remote(method, *args, **kwargs))
+            else:
+                refs.append(actor.call.remote(method, *args, **kwargs))
         return self._gather(refs, method)
 
+    def states(self) -> list[bytes]:
+        """Every rank's trial state (the worker's ``state()``, rank order), each pickled in its
+        own process: the caller stores them and hands them to :meth:`load_states` without
+        unpickling (or importing) what they hold."""
+        return self.call_each("state", [((), {})] * self.world_size, pickled=True)
+
     def load_states(self, states: Sequence[Any]) -> None:
-        """Load every rank's trial state (the worker's ``state()``, rank order) with its
-        ``load_state``. Rank 0's state carries the model and optimizer that every rank loads:
-        it goes into Ray's object store once, and each rank reads it from there instead of the
-        driver serialising it once per rank (and twice for rank 0)."""
+        """Load every rank's trial state (:meth:`states`, or the worker's ``state()`` objects,
+        rank order) with its ``load_state``. Rank 0's state carries the model and optimizer
+        that every rank loads: it goes into Ray's object store once, and each rank reads it
+        from there instead of the driver serialising it once per rank (and twice for rank 0).
+        """
         import ray
 
         if len(states) != self.world_size:
@@ -313,6 +342,7 @@ class Gang:
         self.call_each(
             "load_state",
             [((None if rank == 0 else state, shared), {}) for rank, state in enumerate(states)],
+            unpickle=True,
         )
 
     def _pid(self, rank: int) -> str:

@@ -71,6 +71,7 @@ from workers.tasks import (
     register_task,
 )
 from workers.tasks.base import Split, collate_pair, evaluate_batches
+from workers.trial_worker import TrialOOMError
 
 __all__ = [
     "LARS",
@@ -80,10 +81,6 @@ __all__ = [
 
 #: Scalars that ride along in the gradient all-reduce.
 _EXTRA_SLOTS = 5  # loss, local |g|^2, 1/local batch, active ranks, OOM ranks
-
-
-class TrialOOMError(StagetuneError):
-    """A stage does not fit in device memory even with micro-batch 1."""
 
 
 class _PlannedBatches:

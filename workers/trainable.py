@@ -43,7 +43,7 @@ import math
 import pickle
 import time
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ray import tune
 from ray.tune.execution.placement_groups import PlacementGroupFactory
@@ -53,8 +53,10 @@ from tuner.objectives import FAILURE_KEY, JUMP_KEY, loss_jump
 from tuner.prefixes import PrefixStore, boundaries, prefix_key
 from tuner.trial_config import TrialConfig, TrialResources
 from workers.gang import Gang, GangError
-from workers.loop import TrialOOMError, TrialWorker
-from workers.tasks import Task
+from workers.trial_worker import TrialOOMError, trial_worker
+
+if TYPE_CHECKING:
+    from workers.tasks import Task
 
 __all__ = ["EXTRA_KEYS", "METRIC_KEYS", "PROBE_KEYS", "ScheduleTrainable", "resource_request"]
 
@@ -218,7 +220,7 @@ class ScheduleTrainable(tune.Trainable):
                 )
         gang = Gang(
             spec.workers,
-            functools.partial(TrialWorker, tasks=self.extra_tasks),
+            functools.partial(trial_worker, tasks=self.extra_tasks),
             cpus_per_worker=spec.cpus_per_worker,
             gpus_per_worker=spec.gpus_per_worker,
             placement_group=pg,
@@ -276,7 +278,7 @@ class ScheduleTrainable(tune.Trainable):
                 {
                     "version": 1,
                     "epoch": epoch,
-                    "ranks": self._gang.call("state"),
+                    "ranks": self._gang.states(),
                     "results": self._history[:epoch],
                 },
                 protocol=pickle.HIGHEST_PROTOCOL,
@@ -298,7 +300,7 @@ class ScheduleTrainable(tune.Trainable):
         """
         if self._gang is None:
             raise GangError("no worker gang: the trainable was stopped")
-        states = self._gang.call("state")
+        states = self._gang.states()
         return {
             "version": 1,
             "epoch": self._epoch,
