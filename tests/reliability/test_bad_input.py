@@ -52,9 +52,11 @@ YAML = "application/yaml"
 JSON = "application/json"
 TOKEN = "rel-token-0123456789"
 SLOW_S = 6.0
-"""Longest acceptable answer to any rejected request. A guard against pathological parsing
-(10-40 s before the spec-input fix), not a speed target: about 1 s here when quiet, but one
-full CI run took 3.1 s for the largest body, so the bound leaves room for a busy machine."""
+"""Most CPU time (this process's, ``time.process_time``: the app runs in it) that answering
+any rejected request may take. A guard against pathological parsing (10-40 s before the
+spec-input fix), not a speed target: about 1 s here when quiet. CPU time, not wall time: `make
+test` runs these tests at idle priority beside the training tests, and one such run took 9.8 s
+of wall time for the largest body while it waited for a CPU."""
 
 
 @dataclass(frozen=True)
@@ -326,13 +328,13 @@ def assert_error_body(r: httpx.Response, status: int, mentions: str = "") -> dic
 def test_bad_spec_is_rejected_clearly_and_writes_nothing(api: Api, bad: Bad) -> None:
     before = row_counts(api.store.engine)
     headers = {"Content-Type": bad.content_type} if bad.content_type else {}
-    started = time.monotonic()
+    started = time.process_time()
     r = api.client.post(STUDIES, content=bad.body, headers=headers, params=bad.query)
-    elapsed = time.monotonic() - started
+    elapsed = time.process_time() - started
     error = assert_error_body(r, bad.status, bad.mentions)
     if bad.status == 413:
         assert error["code"] == "request_too_large", error
-    assert elapsed < SLOW_S, f"took {elapsed:.1f} s to reject"
+    assert elapsed < SLOW_S, f"took {elapsed:.1f} s of CPU to reject"
     assert row_counts(api.store.engine) == before
 
 
@@ -423,12 +425,12 @@ def test_largest_accepted_body_is_answered_quickly(sqlite_url: str) -> None:
     with StudyStore(sqlite_url, create=True) as store:
         app = create_app(settings=api_settings(sqlite_url), store=store)
         with TestClient(app, raise_server_exceptions=False) as client:
-            started = time.monotonic()
+            started = time.process_time()
             r = client.post(STUDIES, content=body, headers={"Content-Type": YAML})
-            elapsed = time.monotonic() - started
+            elapsed = time.process_time() - started
         assert 400 <= r.status_code < 500, r.text[:300]
         assert sum(row_counts(store.engine).values()) == 0
-    assert elapsed < SLOW_S, f"a {len(body):,}-byte YAML body took {elapsed:.1f} s to reject"
+    assert elapsed < SLOW_S, f"a {len(body):,}-byte YAML body took {elapsed:.1f} s of CPU to reject"
 
 
 @pytest.mark.parametrize("content_type", [YAML, JSON])
@@ -450,12 +452,12 @@ def test_costliest_spec_under_the_size_limit_is_answered_quickly(
     with StudyStore(sqlite_url, create=True) as store:
         app = create_app(settings=api_settings(sqlite_url), store=store)
         with TestClient(app, raise_server_exceptions=False) as client:
-            started = time.monotonic()
+            started = time.process_time()
             r = client.post(STUDIES, content=body, headers={"Content-Type": content_type})
-            elapsed = time.monotonic() - started
+            elapsed = time.process_time() - started
         assert_error_body(r, 422, "name")
         assert sum(row_counts(store.engine).values()) == 0
-    assert elapsed < SLOW_S, f"a {len(body):,}-byte body took {elapsed:.1f} s to reject"
+    assert elapsed < SLOW_S, f"a {len(body):,}-byte body took {elapsed:.1f} s of CPU to reject"
 
 
 # -- auth ---------------------------------------------------------------------------------
