@@ -4,14 +4,12 @@ in a process that loads them."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits, load_sample_images
 from sklearn.model_selection import train_test_split
 
+from tests.imports import imported_after
 from workers.tasks import get_task, sklearn_data
 from workers.tasks.base import load_tensors
 
@@ -66,19 +64,13 @@ def test_a_class_too_small_to_stratify_is_refused() -> None:
 def test_loading_digits_and_denoise_imports_no_scikit_learn() -> None:
     """A new trial process pays no scikit-learn import (1.3-3 s of CPU) for these tasks."""
     code = (
-        "import sys\n"
         "from workers.tasks import get_task\n"
         "from workers.tasks.base import load_tensors\n"
         "for name, opts in (('digits', {}), ('denoise', {'num_train_patches': 64})):\n"
         "    task = get_task(name)\n"
         "    load_tensors(task, task.validate_options(opts), 3)\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert imported_after(code, "sklearn", "scipy") == []
 
 
 def test_the_digits_splits_are_those_of_train_test_split() -> None:

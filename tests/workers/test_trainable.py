@@ -7,8 +7,6 @@ Real gloo training across 2 Ray actors of the session's local Ray instance (2 CP
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ from typing import Any
 import pytest
 import ray
 
+from tests.imports import imported_after
 from tuner.schedule import Schedule, ScheduleError, Stage
 from workers.gang import WorkerDiedError
 from workers.trainable import PROBE_KEYS, ScheduleTrainable, resource_request
@@ -105,16 +104,7 @@ def test_the_trainables_process_imports_no_pytorch() -> None:
     """Each Tune trial actor is a new process that only drives the gang: importing the
     trainable (and unpickling the trial states it holds, which stay bytes) needs no PyTorch,
     1.5-3 s of CPU before the first trial of every Tune experiment."""
-    code = (
-        "import sys\n"
-        "import workers.trainable\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert imported_after("import workers.trainable", "torch") == []
 
 
 @pytest.mark.ray
