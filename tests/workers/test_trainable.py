@@ -102,8 +102,8 @@ def test_resource_request_covers_the_trainable_and_its_workers() -> None:
 
 def test_the_trainables_process_imports_no_pytorch() -> None:
     """Each Tune trial actor is a new process that only drives the gang: importing the
-    trainable (and unpickling the trial states it holds, which stay bytes) needs no PyTorch,
-    1.5-3 s of CPU before the first trial of every Tune experiment."""
+    trainable needs no PyTorch (1.5-3 s of CPU before the first trial of every Tune
+    experiment), and the trial states it holds stay bytes (the checkpoint test above)."""
     assert imported_after("import workers.trainable", "torch") == []
 
 
