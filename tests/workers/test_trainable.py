@@ -103,7 +103,8 @@ def test_resource_request_covers_the_trainable_and_its_workers() -> None:
 def test_the_trainables_process_imports_no_pytorch() -> None:
     """Each Tune trial actor is a new process that only drives the gang: importing the
     trainable needs no PyTorch (1.5-3 s of CPU before the first trial of every Tune
-    experiment), and the trial states it holds stay bytes (the checkpoint test above)."""
+    experiment), and the trial states it holds stay bytes
+    (``test_checkpoint_restores_the_trial_exactly``)."""
     assert imported_after("import workers.trainable", "torch") == []
 
 
