@@ -296,37 +296,16 @@ class Gang:
         return self.call_each(method, [(args, kwargs)] * self.world_size)
 
     def call_each(
-        self,
-        method: str,
-        arguments: Sequence[tuple[tuple[Any, ...], dict[str, Any]]],
-        *,
-        pickled: bool = False,
-        unpickle: bool = False,
+        self, method: str, arguments: Sequence[tuple[tuple[Any, ...], dict[str, Any]]]
     ) -> list[Any]:
-        """Call ``method`` on every rank with that rank's ``(args, kwargs)``. ``pickled``:
-        each result comes back as the bytes its rank pickled; ``unpickle``: ``bytes``
-        arguments are unpickled in the rank's process (positional arguments only)."""
-        if self._broken is not None:
-            raise GangError(f"the worker gang is unusable: {self._broken}")
-        if len(arguments) != self.world_size:
-            raise ValueError(f"need {self.world_size} argument sets, got {len(arguments)}")
-        refs = []
-        for actor, (args, kwargs) in zip(self.actors, arguments, strict=True):
-            if unpickle:
-                if kwargs:
-                    raise ValueError("unpickle=True takes positional arguments only")
-                refs.append(actor.call_unpickled.remote(method, *args))
-            elif pickled:
-                refs.append(actor.call_pickled.remote(method, *args, **kwargs))
-            else:
-                refs.append(actor.call.remote(method, *args, **kwargs))
-        return self._gather(refs, method)
+        """Call ``method`` on every rank with that rank's ``(args, kwargs)``."""
+        return self._invoke("call", method, arguments)
 
     def states(self) -> list[bytes]:
         """Every rank's trial state (the worker's ``state()``, rank order), each pickled in its
         own process: the caller stores them and hands them to :meth:`load_states` without
         unpickling (or importing) what they hold."""
-        return self.call_each("state", [((), {})] * self.world_size, pickled=True)
+        return self._invoke("call_pickled", "state", [((), {})] * self.world_size)
 
     def load_states(self, states: Sequence[Any]) -> None:
         """Load every rank's trial state (:meth:`states`, or the worker's ``state()`` objects,
@@ -339,11 +318,29 @@ class Gang:
         if len(states) != self.world_size:
             raise ValueError(f"need {self.world_size} states, got {len(states)}")
         shared = ray.put(states[0])
-        self.call_each(
+        self._invoke(
+            "call_unpickled",
             "load_state",
             [((None if rank == 0 else state, shared), {}) for rank, state in enumerate(states)],
-            unpickle=True,
         )
+
+    def _invoke(
+        self,
+        entry: str,
+        method: str,
+        arguments: Sequence[tuple[tuple[Any, ...], dict[str, Any]]],
+    ) -> list[Any]:
+        """``GangMember.<entry>(method, *args, **kwargs)`` on every rank; results in rank
+        order."""
+        if self._broken is not None:
+            raise GangError(f"the worker gang is unusable: {self._broken}")
+        if len(arguments) != self.world_size:
+            raise ValueError(f"need {self.world_size} argument sets, got {len(arguments)}")
+        refs = [
+            getattr(actor, entry).remote(method, *args, **kwargs)
+            for actor, (args, kwargs) in zip(self.actors, arguments, strict=True)
+        ]
+        return self._gather(refs, method)
 
     def _pid(self, rank: int) -> str:
         return str(self.infos[rank].pid) if rank < len(self.infos) else "?"
