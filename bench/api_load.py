@@ -11,7 +11,8 @@ What it does:
    loopback port, and a writer process that keeps writing another study the way a
    dispatcher does (create a trial, one ``add_epoch_metrics`` per epoch, ``finish_trial``,
    heartbeats);
-3. drives each read endpoint in turn for ``--duration`` seconds with ``--concurrency``
+3. drives each read endpoint in turn for ``--duration`` seconds (and at least
+   ``--min-requests`` requests, however long they take) with ``--concurrency``
    concurrent httpx clients: study list, trials page (random offsets and sorts), trial
    detail, per-trial metrics, study detail and pages of the study's learning curves
    (``/metrics?limit=50``, random offsets: 50 trials with all their epochs per response);
@@ -374,13 +375,13 @@ async def drive(
     concurrency: int,
     max_requests: int,
     seed: int,
+    min_requests: int = 1,
 ) -> EndpointResult:
     latencies: list[float] = []
     sizes: list[int] = []
     statuses: dict[str, int] = {}
     failures = 0
     first_failure = ""
-    deadline = time.perf_counter() + duration_s
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     # This process built the data (SQLAlchemy, the store, 5,000 trials' records): a full
@@ -394,7 +395,9 @@ async def drive(
         async def one(worker: int) -> None:
             nonlocal failures, first_failure
             rng = random.Random(seed * 1000 + worker)
-            while time.perf_counter() < deadline and len(latencies) < max_requests:
+            while len(latencies) + failures < max_requests and (
+                time.perf_counter() < deadline or len(latencies) + failures < min_requests
+            ):
                 path = make_path(rng)
                 t0 = time.perf_counter()
                 try:
@@ -413,7 +416,12 @@ async def drive(
                 latencies.append(dt)
                 sizes.append(len(body))
 
+        # The phase's clock starts here, after the set-up above: on a loaded machine (CI runs
+        # this beside training, at idle priority) the set-up alone can outlast a short phase,
+        # and a phase that ends before its first request measures nothing. It also runs until
+        # at least ``min_requests`` requests have been made, however long they take.
         started = time.perf_counter()
+        deadline = started + duration_s
         await asyncio.gather(*(one(w) for w in range(concurrency)))
         seconds = time.perf_counter() - started
     server_cpu = tree_cpu_s(server.pid) - cpu_before
@@ -567,6 +575,12 @@ def main(argv: list[str] | None = None) -> int:
         "--heavy-concurrency", type=int, default=2, help="clients of heavy endpoints (none now)"
     )
     parser.add_argument("--max-requests", type=int, default=20_000, help="per endpoint")
+    parser.add_argument(
+        "--min-requests",
+        type=int,
+        default=1,
+        help="per endpoint: a phase goes on past --duration until it has made this many",
+    )
     parser.add_argument("--writer-pause", type=float, default=0.05, help="seconds between writes")
     parser.add_argument("--no-writer", action="store_true")
     parser.add_argument("--target-ms", type=float, default=100.0)
@@ -581,6 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.trials, args.metrics, args.studies, args.api_sample = 200, 2000, 5, 10
         args.duration, args.concurrency, args.max_requests = 1.5, 4, 2000
+        args.min_requests = 20
 
     tmp = Path(tempfile.mkdtemp(prefix="stagetune-api-load-"))
     try:
@@ -636,7 +651,14 @@ def _run(args: argparse.Namespace, tmp: Path) -> int:
                 duration = args.duration if not heavy else max(args.duration, 1.0)
                 r = asyncio.run(
                     drive(
-                        server, name, make_path, duration, concurrency, args.max_requests, args.seed
+                        server,
+                        name,
+                        make_path,
+                        duration,
+                        concurrency,
+                        args.max_requests,
+                        args.seed,
+                        args.min_requests,
                     )
                 )
                 results.append(r)
@@ -685,6 +707,7 @@ def _run(args: argparse.Namespace, tmp: Path) -> int:
             "metrics": args.metrics,
             "studies": args.studies,
             "duration_s": args.duration,
+            "min_requests": args.min_requests,
             "concurrency": args.concurrency,
             "server_workers": args.server_workers,
             "heavy_concurrency": args.heavy_concurrency,

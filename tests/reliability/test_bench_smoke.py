@@ -46,8 +46,11 @@ def test_api_load_smoke(tmp_path: Path) -> None:
         "study_detail",
         "study_metrics",
     ]
+    # A phase lasts its duration and at least min_requests requests, so a loaded machine (CI
+    # runs this at idle priority beside training) slows it down but never empties it.
+    assert result["config"]["min_requests"] == 20
     for endpoint in result["endpoints"]:
-        assert endpoint["requests"] > 0, endpoint
+        assert endpoint["requests"] >= 20, endpoint
         assert endpoint["failures"] == 0, endpoint
     assert result["machine"]["cpus"] >= 1
     assert "| trials_page |" in out.with_suffix(".md").read_text()
