@@ -23,12 +23,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from tuner.errors import ValidationError
-from tuner.formatting import format_duration
+from tuner.formatting import format_duration, format_objective
 from tuner.noise_candidate import StepFloor, step_floor_text
 from tuner.objectives import (
     compare,
     metric_words,
+    objective_label,
     objective_values,
+    outside_text,
     search_text,
     study_metric,
     study_step_cap,
@@ -130,22 +132,6 @@ def metric_format(name: str) -> str:
     return "number"
 
 
-def format_objective(value: float | None, name: str) -> str:
-    """An objective value as a person reads it: accuracy as a percentage, a PSNR in dB, steps
-    as a count, wall time as a duration, any other metric (a loss) to 4 significant digits."""
-    if value is None or not math.isfinite(value):
-        return "—"
-    if "accuracy" in name:
-        return f"{value * 100:.2f}%"
-    if "psnr" in name:
-        return f"{value:.2f} dB"
-    if "wall_time" in name:
-        return format_duration(value)
-    if "steps" in name:
-        return f"{value:,.0f} steps"
-    return f"{value:.4g}"
-
-
 # -- objective ------------------------------------------------------------------------------
 
 
@@ -158,7 +144,6 @@ def objective_info(
     objective: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     kind = str(objective.get("kind") or "accuracy")
     cost = str(objective.get("cost") or "steps")
-    cost_text = "wall time" if cost == "wall_time" else "steps"
     metric, direction = study_metric(spec, summary)
     words = metric_words(metric)
     names, directions = (list(v) for v in objective_values(kind, cost, metric, direction))
@@ -171,40 +156,20 @@ def objective_info(
         "metric_label": words,
         "metric_format": metric_format(metric),
     }
+    label = objective_label(objective, metric, direction)
     if kind == "time_to_accuracy":
         target = objective.get("target_accuracy")
         if target is None:
             target = objective.get("target")
-        if not isinstance(target, int | float):
-            target_text = "the target"
-        elif metric == "val_accuracy":
-            target_text = f"{target * 100:.1f}%"
-        else:
-            target_text = format_objective(float(target), metric)
         return {
             **common,
             "cost": cost,
             "target": target,
             "target_accuracy": target if metric == "val_accuracy" else None,
-            "label": f"minimise {cost_text} to reach {target_text} {words}",
+            "label": label,
         }
     if kind == "pareto":
-        return {
-            **common,
-            "cost": cost,
-            "label": f"Pareto front of {words} against {cost_text}",
-        }
-    constraints = []
-    if objective.get("max_mean_batch_size") is not None:
-        constraints.append(f"mean batch ≤ {objective['max_mean_batch_size']:g}")
-    if objective.get("min_mean_batch_size") is not None:
-        constraints.append(f"mean batch ≥ {objective['min_mean_batch_size']:g}")
-    if objective.get("max_steps") is not None:
-        constraints.append(f"steps ≤ {objective['max_steps']:,}")
-    way = "minimise" if direction == "min" else "maximise"
-    label = f"{way} final {words}"
-    if constraints:
-        label += " with " + ", ".join(constraints)
+        return {**common, "cost": cost, "label": label}
     return {**common, "kind": "accuracy", "cost": "steps", "label": label}
 
 
@@ -399,7 +364,9 @@ def compact_curve(curve: Curve) -> dict[str, list[Any]]:
 _COMPARED_KEYS: Final = ("val_accuracy", "metric_value", "steps", "wall_time_s", "mean_batch_size")
 
 
-def _comparison_row(source: Mapping[str, Any], role: str) -> dict[str, Any]:
+def _comparison_row(
+    source: Mapping[str, Any], role: str, objective: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     row: dict[str, Any] = {
         "role": role,
         "number": source.get("number"),
@@ -417,6 +384,9 @@ def _comparison_row(source: Mapping[str, Any], role: str) -> dict[str, Any]:
     seeds = source.get("seeds")
     row["seeds_text"] = seed_text(seeds) if isinstance(seeds, Mapping) else None
     row["seed_count"] = len(seeds.get("seeds") or ()) if isinstance(seeds, Mapping) else None
+    # A baseline that breaks the objective's constraints (over the step cap, say): trained
+    # for the comparison, never the result.
+    row["outside"] = outside_text(source, objective or {})
     return row
 
 
@@ -429,11 +399,17 @@ def comparison_rows(study: StudyRecord, trials: Iterable[TrialRecord]) -> list[d
     only the best row."""
     summary = study.summary or {}
     metric = study_metric(study.spec, summary)[0]
+    raw = study.spec.get("objective")
+    objective: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     best_doc = summary.get("best")
     baselines_doc = summary.get("baselines")
     if isinstance(best_doc, Mapping) and isinstance(baselines_doc, list):
         best = _comparison_row(best_doc, "best")
-        bases = [_comparison_row(b, "baseline") for b in baselines_doc if isinstance(b, Mapping)]
+        bases = [
+            _comparison_row(b, "baseline", objective)
+            for b in baselines_doc
+            if isinstance(b, Mapping)
+        ]
         for doc in summary.get("candidates") or []:
             if isinstance(doc, Mapping):
                 row = _comparison_row(doc, "candidate")

@@ -87,7 +87,12 @@ from tuner.pbt import LINEAGE_KEY, SchedulePBT, initial_schedules, pbt_interval
 from tuner.prefixes import PrefixStore
 from tuner.schedule import Schedule
 from tuner.seeds import SeedStats, finalists, fresh_seeds, pick, reserves, seed_stats
-from tuner.space import ScheduleSpace, check_feasible, constraint_violations
+from tuner.space import (
+    ScheduleSpace,
+    check_feasible,
+    constraint_violations,
+    violated_constraints,
+)
 from tuner.spec import AccuracyObjective, ResolvedSpec
 from tuner.trial_config import STOP_AFTER_KEY, TrialConfig
 
@@ -383,14 +388,13 @@ def outcome_of(
         reason = f"{reason}: {error_message}"
     schedule_dict = dict(config.get("schedule") or {})
     summary = ""
-    feasible = True
+    violated: tuple[str, ...] = ()
     try:
         schedule = Schedule.from_dict(schedule_dict)
         summary = schedule.summary()
         # Baselines and PBT's lineages are not drawn under the constraint: check them.
         if train_size is not None and (meta.baseline is not None or config.get(LINEAGE_KEY)):
-            violations = constraint_violations(schedule, objective.spec, train_size)
-            feasible = all(v <= 0 for v in violations.values())
+            violated = violated_constraints(schedule, objective.spec, train_size)
     except ValidationError:
         pass
 
@@ -422,7 +426,8 @@ def outcome_of(
         samples=None if samples is None else int(samples),
         wall_time_s=num("wall_time_s"),
         values=None if error else objective.values(result),
-        feasible=feasible,
+        feasible=not violated,
+        violated=violated,
         summary=summary,
         extra={
             "params": meta.params,

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["format_bytes", "format_duration", "format_metric", "format_metric_delta"]
+__all__ = [
+    "format_bytes",
+    "format_duration",
+    "format_metric",
+    "format_metric_delta",
+    "format_objective",
+]
 
 
 def format_duration(seconds: float | None) -> str:
@@ -50,6 +56,22 @@ def format_bytes(size: float | None) -> str:
     if unit == "B":
         return f"{int(value)} B"
     return f"{value:,.1f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
+
+
+def format_objective(value: float | None, name: str) -> str:
+    """An objective value as a person reads it: accuracy as a percentage, a PSNR in dB, steps
+    as a count, wall time as a duration, any other metric (a loss) to 4 significant digits."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    if "accuracy" in name:
+        return f"{value * 100:.2f}%"
+    if "psnr" in name:
+        return f"{value:.2f} dB"
+    if "wall_time" in name:
+        return format_duration(value)
+    if "steps" in name:
+        return f"{value:,.0f} steps"
+    return f"{value:.4g}"
 
 
 def _is_accuracy(metric: str) -> bool:

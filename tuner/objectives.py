@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from tuner.errors import StagetuneError
-from tuner.formatting import format_bytes
+from tuner.formatting import format_bytes, format_objective
 from tuner.spec import (
     AccuracyObjective,
     ParetoObjective,
@@ -56,8 +56,10 @@ __all__ = [
     "failure_of",
     "loss_jump",
     "metric_words",
+    "objective_label",
     "objective_metric",
     "objective_values",
+    "outside_text",
     "pareto_front",
     "rank_key",
     "search_text",
@@ -163,6 +165,72 @@ def study_step_cap(spec: Mapping[str, Any]) -> int | None:
 def metric_words(metric: str) -> str:
     """``val_accuracy`` -> ``validation accuracy``, ``val_psnr`` -> ``validation psnr``."""
     return "validation " + metric.removeprefix("val_").replace("_", " ")
+
+
+def objective_label(objective: Mapping[str, Any], metric: str, direction: str) -> str:
+    """A study's objective (its spec's ``objective`` mapping) in words, as the dashboard heads
+    the study and the CLI starts it: ``maximise final validation accuracy with steps ≤ 500``,
+    ``minimise steps to reach 97.0% validation accuracy``, ``Pareto front of validation
+    accuracy against wall time``. ``metric`` and ``direction``: the study's metric
+    (:func:`study_metric`)."""
+    kind = str(objective.get("kind") or "accuracy")
+    cost_text = "wall time" if objective.get("cost") == "wall_time" else "steps"
+    words = metric_words(metric)
+    if kind == "time_to_accuracy":
+        target = objective.get("target_accuracy")
+        if target is None:
+            target = objective.get("target")
+        if isinstance(target, bool) or not isinstance(target, int | float):
+            target_text = "the target"
+        elif metric == "val_accuracy":
+            target_text = f"{target * 100:.1f}%"
+        else:
+            target_text = format_objective(float(target), metric)
+        return f"minimise {cost_text} to reach {target_text} {words}"
+    if kind == "pareto":
+        return f"Pareto front of {words} against {cost_text}"
+    constraints = []
+    if objective.get("max_mean_batch_size") is not None:
+        constraints.append(f"mean batch ≤ {objective['max_mean_batch_size']:g}")
+    if objective.get("min_mean_batch_size") is not None:
+        constraints.append(f"mean batch ≥ {objective['min_mean_batch_size']:g}")
+    if objective.get("max_steps") is not None:
+        constraints.append(f"steps ≤ {objective['max_steps']:,}")
+    way = "minimise" if direction == "min" else "maximise"
+    label = f"{way} final {words}"
+    if constraints:
+        label += " with " + ", ".join(constraints)
+    return label
+
+
+def outside_text(row: Mapping[str, Any], objective: Mapping[str, Any]) -> str | None:
+    """Why a trial's row (:meth:`TrialOutcome.to_dict`, as a study summary keeps it) can never
+    be the study's result although it trained, in words: a baseline whose schedule breaks the
+    objective's constraints, ``1,560 steps, over the objective's 500``. ``None`` for a row
+    that meets them (or does not say: ``feasible`` missing)."""
+    if row.get("feasible") is not False:
+        return None
+
+    def num(key: str) -> float | None:
+        value = row.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value)
+
+    steps, mean = num("steps"), num("mean_batch_size")
+    texts = []
+    for name in row.get("violated") or ():
+        limit = objective.get(name)
+        if isinstance(limit, bool) or not isinstance(limit, int | float):
+            continue
+        if name == "max_steps":
+            have = "more steps" if steps is None else f"{steps:,.0f} steps"
+            texts.append(f"{have}, over the objective's {limit:,}")
+        elif name in ("max_mean_batch_size", "min_mean_batch_size"):
+            side = "over" if name == "max_mean_batch_size" else "under"
+            have = "mean batch" if mean is None else f"mean batch {mean:,.0f}"
+            texts.append(f"{have}, {side} the objective's {limit:g}")
+    return "; ".join(texts) if texts else "outside the objective's constraints"
 
 
 def better(value: float, other: float, direction: str) -> bool:
@@ -407,6 +475,9 @@ class TrialOutcome:
     wall_time_s: float | None = None
     values: tuple[float, ...] | None = None
     feasible: bool = True
+    # The objective's constraints the schedule breaks, by name (``max_steps``, ...): why it
+    # is not feasible, for what a user reads (:func:`outside_text`).
+    violated: tuple[str, ...] = ()
     summary: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -437,6 +508,7 @@ class TrialOutcome:
             "wall_time_s": self.wall_time_s,
             "mean_batch_size": self.mean_batch_size,
             "feasible": self.feasible,
+            "violated": list(self.violated),
             "objective_values": objective.value_dict(self.values),
         }
 

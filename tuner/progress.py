@@ -48,7 +48,7 @@ from tuner.objectives import (
 )
 from tuner.pbt import LINEAGE_KEY
 from tuner.schedule import Schedule
-from tuner.space import constraint_violations
+from tuner.space import violated_constraints
 from tuner.store.records import TrialRecord, TrialStatus
 from tuner.store.storage import StudyStore
 
@@ -128,15 +128,13 @@ def outcome_of_record(
     picked = [stored.get(name) for name in objective.names]
     if all(isinstance(v, int | float) for v in picked):
         values = tuple(float(v) for v in picked if v is not None)
-    feasible = True
+    violated: tuple[str, ...] = ()
     summary = ""
     try:
         schedule = Schedule.from_dict(record.schedule)
         summary = schedule.summary()
         if record.baseline is not None and train_size is not None:
-            feasible = all(
-                v <= 0 for v in constraint_violations(schedule, objective.spec, train_size).values()
-            )
+            violated = violated_constraints(schedule, objective.spec, train_size)
     except StagetuneError:
         pass
     return TrialOutcome(
@@ -152,7 +150,8 @@ def outcome_of_record(
         samples=record.samples,
         wall_time_s=record.wall_time_s,
         values=values,
-        feasible=feasible,
+        feasible=not violated,
+        violated=violated,
         summary=summary,
     )
 

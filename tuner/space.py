@@ -55,6 +55,7 @@ __all__ = [
     "constraint_violations",
     "lr_multiplier_grid",
     "lr_multiplier_range",
+    "violated_constraints",
     "warmup_grid",
 ]
 
@@ -430,6 +431,16 @@ def constraint_violations(
     if objective.max_steps is not None:
         out["max_steps"] = schedule.total_steps(train_size) / objective.max_steps - 1.0
     return out
+
+
+def violated_constraints(
+    schedule: Schedule, objective: object, train_size: int | None
+) -> tuple[str, ...]:
+    """The names of the objective's constraints ``schedule`` breaks (see
+    :func:`constraint_violations`), in its order; empty when it meets them all."""
+    return tuple(
+        name for name, v in constraint_violations(schedule, objective, train_size).items() if v > 0
+    )
 
 
 def check_feasible(space: ScheduleSpace, objective: object, train_size: int | None) -> None:

@@ -43,6 +43,8 @@ from tuner.objectives import (
     StudyObjective,
     TrialOutcome,
     epochs_done,
+    objective_label,
+    outside_text,
     search_text,
     study_step_cap,
     trial_status,
@@ -417,13 +419,16 @@ def tune_spec(
         study = store.create_study(spec.task, spec.to_dict(), spec.budget.trials, name=spec.name)
         worker_id = f"cli-{socket.gethostname()}-{os.getpid()}"
         _claim(store, study.id, worker_id)
+        objective = StudyObjective.of(spec, resolved.total_epochs)
+        label = objective_label(
+            spec.objective.model_dump(mode="json"), objective.metric, objective.metric_direction
+        )
         out.print(
             f"[bold]stagetune[/bold]: study {study.id} on task [cyan]{spec.task}[/cyan], "
-            f"{spec.budget.trials} trials ({'3 baselines first, ' if spec.baselines else ''}"
-            f"objective {spec.objective.kind})"
+            f"{spec.budget.trials} trials ({'3 baselines first; ' if spec.baselines else ''}"
+            f"objective: {label})"
         )
         _quiet_ray_output()
-        objective = StudyObjective.of(spec, resolved.total_epochs)
         printer = TrialPrinter(budget=spec.budget.trials, objective=objective, quiet=quiet)
         result = run_study(
             store,
@@ -654,10 +659,12 @@ def print_result(result: StudyResult, console: Any) -> None:
     rows.extend((b, b["baseline"]) for b in summary.get("baselines", []))
     rows.extend((c, f"{c['candidate']} (tuned)") for c in summary.get("candidates") or [])
     rows.extend(_finalist_rows(result, {row["number"] for row, _ in rows}))
+    objective_doc = written if isinstance(written, Mapping) else {}
     for row, kind in rows:
+        outside = outside_text(row, objective_doc)  # a baseline over the step cap, say
         cells = [
             str(row["number"]),
-            kind,
+            kind + (f" ({outside})" if outside else ""),
             row.get("schedule_summary") or "",
             _metric_cell(row, metric),
             fmt(row.get("steps"), "d"),

@@ -832,7 +832,9 @@
       }
       return '<tr class="' + (isBestRow ? "row-best" : "") + '" data-role="' + r.role + '" data-number="' + esc(r.number) + '">' +
         '<td><span class="swatch" style="background:' + color + '"></span>' + esc(label) +
-        '<div class="muted small"><code>' + fmtSummary(r.summary) + "</code></div></td>" +
+        '<div class="muted small"><code>' + fmtSummary(r.summary) + "</code></div>" +
+        (r.outside ? '<div class="muted small outside">' + esc(r.outside) + ": never the result</div>" : "") +
+        "</td>" +
         cell(fmtMetric(r.metric_value) + (r.seeds_text ? '<div class="muted small seeds">' +
           r.seed_count + " fresh seeds: " + esc(r.seeds_text) + "</div>" : ""),
           v.metric_delta != null ? "best " + deltaText(v.metric_delta) : "") +

@@ -272,6 +272,28 @@ def test_comparison_prefers_the_engines_summary() -> None:
     assert rows[1]["is_best"] is False
 
 
+def test_a_baseline_outside_the_objective_says_so_in_the_comparison() -> None:
+    """A capped study's small batch is trained for the comparison though it takes more steps
+    than the cap; its row carries why it can never be the result (``outside``)."""
+    best = {"number": 5, "baseline": None, "val_accuracy": 0.98, "steps": 465, "feasible": True}
+    small = {
+        "number": 0,
+        "baseline": "small_batch",
+        "val_accuracy": 0.986,
+        "steps": 1560,
+        "feasible": False,
+        "violated": ["max_steps"],
+    }
+    capped = study(
+        spec={"task": "mnist1d", "objective": {"kind": "accuracy", "max_steps": 500}},
+        summary={"best": best, "baselines": [small]},
+        best_trial_number=5,
+    )
+    rows = dd.comparison_rows(capped, [])
+    assert rows[0]["outside"] is None
+    assert rows[1]["outside"] == "1,560 steps, over the objective's 500"
+
+
 def test_study_page_data_has_every_trial_and_curve() -> None:
     trials = [trial(0, baseline="small_batch"), trial(1), trial(2, status=TrialStatus.RUNNING)]
     curves: dict[int, dd.Curve] = {0: [(0, 0.5)], 1: [(0, 0.6), (1, 0.7)], 2: []}

@@ -18,6 +18,8 @@ from tuner.objectives import (
     epochs_done,
     failure_of,
     loss_jump,
+    objective_label,
+    outside_text,
     pareto_front,
     search_text,
     select_best,
@@ -424,3 +426,92 @@ def test_a_broken_metric_declaration_is_the_tasks_bug_and_says_what_to_fix() -> 
         {"val_accuracy": "max", "val_loss": "min"},
         "val_accuracy",
     )
+
+
+def test_the_objective_label_names_the_constraints_target_and_cost() -> None:
+    """One sentence for the objective, which the dashboard's header and the CLI's first line
+    both print (:func:`tuner.objectives.objective_label`)."""
+    assert objective_label({"kind": "accuracy"}, "val_accuracy", "max") == (
+        "maximise final validation accuracy"
+    )
+    capped = {"kind": "accuracy", "max_steps": 1500, "max_mean_batch_size": 256.0}
+    assert objective_label(capped, "val_accuracy", "max") == (
+        "maximise final validation accuracy with mean batch ≤ 256, steps ≤ 1,500"
+    )
+    assert objective_label({"kind": "accuracy"}, "val_loss", "min") == (
+        "minimise final validation loss"
+    )
+    tta = {"kind": "time_to_accuracy", "target_accuracy": 0.97, "cost": "steps"}
+    assert objective_label(tta, "val_accuracy", "max") == (
+        "minimise steps to reach 97.0% validation accuracy"
+    )
+    psnr = {"kind": "time_to_accuracy", "target": 28.0, "cost": "wall_time"}
+    assert objective_label(psnr, "val_psnr", "max") == (
+        "minimise wall time to reach 28.00 dB validation psnr"
+    )
+    assert objective_label({"kind": "pareto", "cost": "steps"}, "val_accuracy", "max") == (
+        "Pareto front of validation accuracy against steps"
+    )
+
+
+def test_a_row_outside_the_objective_says_which_constraint_and_by_how_much() -> None:
+    cap = {"kind": "accuracy", "max_steps": 500, "min_mean_batch_size": 64.0}
+    over = {"feasible": False, "violated": ["max_steps"], "steps": 1560, "mean_batch_size": 32.0}
+    assert outside_text(over, cap) == "1,560 steps, over the objective's 500"
+    both = {**over, "violated": ["min_mean_batch_size", "max_steps"]}
+    assert outside_text(both, cap) == (
+        "mean batch 32, under the objective's 64; 1,560 steps, over the objective's 500"
+    )
+    # A summary written before rows named the constraint: still marked, in general words.
+    assert outside_text({"feasible": False}, cap) == "outside the objective's constraints"
+    assert outside_text({"feasible": True, "steps": 90}, cap) is None
+    assert outside_text({"steps": 90}, cap) is None  # a row that does not say
+
+
+def test_a_baseline_over_the_step_cap_is_an_outcome_that_names_it() -> None:
+    """The engine's outcome of a finished baseline and the one rebuilt from its stored record
+    both say which constraint its schedule breaks; a tuned trial is drawn under it."""
+    from datetime import UTC, datetime
+
+    from tuner.engine import outcome_of
+    from tuner.engine_search import META_KEY, TrialMeta
+    from tuner.progress import outcome_of_record
+    from tuner.schedule import Schedule, Stage
+    from tuner.store.records import TrialRecord, TrialStatus
+
+    obj = objective("{kind: accuracy, max_steps: 50}")
+    small = Schedule(stages=(Stage(0, 4, 32),), base_lr=0.05, base_batch_size=32)
+    assert small.total_steps(1000) == 4 * 31 > 50
+    config = {
+        "schedule": small.to_dict(),
+        META_KEY: TrialMeta(number=0, baseline="small_batch", params={}).to_dict(),
+    }
+    last = report(4, 0.9, 124)
+    done = outcome_of(obj, config, last, error=False, train_size=1000)
+    assert done is not None
+    assert (done.feasible, done.violated, done.eligible) == (False, ("max_steps",), False)
+    assert done.to_dict(obj)["violated"] == ["max_steps"]
+    record = TrialRecord(
+        id=1,
+        study_id=1,
+        number=0,
+        baseline="small_batch",
+        schedule=small.to_dict(),
+        params={},
+        status=TrialStatus.COMPLETED,
+        stop_reason=None,
+        started_at=datetime.now(UTC),
+        finished_at=datetime.now(UTC),
+        epochs_done=4,
+        val_accuracy=0.9,
+        val_loss=None,
+        steps=124,
+        samples=4000,
+        wall_time_s=1.0,
+        mean_batch_size=32.0,
+        objective_values={"val_accuracy": 0.9},
+    )
+    stored = outcome_of_record(record, obj, train_size=1000)
+    assert (stored.feasible, stored.violated) == (False, ("max_steps",))
+    inside = outcome_of_record(record, objective("{kind: accuracy, max_steps: 500}"), 1000)
+    assert (inside.feasible, inside.violated) == (True, ())

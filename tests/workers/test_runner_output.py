@@ -100,6 +100,25 @@ def test_the_small_batchs_step_floor_is_printed_and_a_cap_below_it_is_a_warning(
     assert "Step floor" not in printed({**summary, "step_floor": None})
 
 
+def test_a_baseline_over_the_step_cap_says_so_in_the_table() -> None:
+    """A capped study trains the small batch for the comparison although it takes more steps
+    than the cap: its row says so, so a higher accuracy there does not read as a better
+    result the search missed."""
+    obj = objective({"task": "digits", "objective": {"kind": "accuracy", "max_steps": 500}})
+    small = replace(
+        outcome(0, 0.986, obj, baseline="small_batch", feasible=False, violated=("max_steps",)),
+        steps=1560,
+    )
+    tuned = outcome(1, 0.9825, obj)
+    text = " ".join(printed(summarize([small, tuned], obj)).split())
+    assert "small_batch (1,560 steps, over the objective's 500)" in text
+    row = next(
+        line for line in printed(summarize([small, tuned], obj)).splitlines() if "│ 1 " in line
+    )
+    assert "best" in row
+    assert "over the objective" not in row
+
+
 def test_a_loss_study_prints_its_metric_in_the_table(regression_task: LinearRegression) -> None:
     obj = objective({"task": TASK_NAME, "objective": {"metric": "val_loss"}})
     assert (obj.metric, obj.metric_direction) == ("val_loss", "min")

@@ -160,6 +160,7 @@ def test_stagetune_tune_runs_a_study_of_the_example_task_file(
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert "on task my-digits-cnn" in output
+    assert "objective: maximise final validation accuracy)" in output, output[:2000]
     assert output.count(" completed: val_accuracy ") == 4, output[-4000:]
     best = yaml.safe_load((tmp_path / "best-schedule.yaml").read_text(encoding="utf-8"))
     assert best["provenance"]["task"] == "my-digits-cnn"
