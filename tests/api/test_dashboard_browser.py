@@ -1224,3 +1224,66 @@ def test_a_loss_minimising_study_reads_lower_as_better(server: Server, page: Any
         assert _row_numbers(page) == [3, 1, 4, 0, 2]
     finally:
         unregister_task_name("test_lm_like")
+
+
+def test_a_baseline_over_the_step_cap_says_so_in_the_comparison(server: Server, page: Any) -> None:
+    """A capped study trains the small batch for the comparison although it takes more steps
+    than the cap: its row in the comparison table says so, and the header's objective names
+    the cap, so its higher accuracy does not read as a result the search missed."""
+    spec = StudySpec.from_yaml(
+        "task: digits\nname: capped\nschedule: {total_epochs: 3}\n"
+        "objective: {kind: accuracy, max_steps: 500}\nbudget: {trials: 4}"
+    )
+    objective = StudyObjective.of(spec, 3)
+    doc = _schedule_doc()
+    # (baseline, accuracy, steps, the constraints it breaks)
+    plans = [("small_batch", 0.986, 1560, ("max_steps",)), (None, 0.9825, 465, ())]
+    with StudyStore(server.db_url) as store:
+        study = store.create_study(spec.task, spec.to_dict(), 2, name=spec.name)
+        for _ in range(20):  # earlier tests may have left studies queued
+            claimed = store.claim_study("worker-cap", 3600)
+            assert claimed is not None
+            if claimed.id == study.id:
+                break
+        records = []
+        for number, (baseline, acc, steps, _) in enumerate(plans):
+            trial = store.create_trial(study.id, number, doc, {}, baseline=baseline)
+            for epoch in range(3):
+                store.add_epoch_metrics(trial.id, epoch, {"val_accuracy": acc, "steps": steps})
+            final = {"val_accuracy": acc, "steps": steps, "samples": steps * 32}
+            records.append(
+                store.finish_trial(
+                    trial.id,
+                    "completed",
+                    stop_reason="trained all 3 epochs",
+                    final={**final, "objective_values": {"val_accuracy": acc}},
+                )
+            )
+        outcomes = [
+            TrialOutcome(
+                number=r.number,
+                baseline=r.baseline,
+                schedule=r.schedule,
+                status="completed",
+                epochs_done=3,
+                val_accuracy=r.val_accuracy,
+                metric_value=r.val_accuracy,
+                steps=r.steps,
+                samples=r.samples,
+                values=(r.val_accuracy or 0.0,),
+                feasible=not violated,
+                violated=violated,
+            )
+            for r, (_, _, _, violated) in zip(records, plans, strict=True)
+        ]
+        summary = summarize(outcomes, objective)
+        assert summary["best"]["number"] == 1
+        store.set_best(study.id, records[1].id, 0.9825)
+        store.finish_study(study.id, "completed", summary=summary)
+
+    page.goto(f"{server.base_url}/studies/{study.id}")
+    page.wait_for_selector("#comparison-table")
+    small = page.locator('#comparison-table tr[data-number="0"] .outside')
+    assert small.inner_text() == "1,560 steps, over the objective's 500: never the result"
+    assert page.locator('#comparison-table tr[data-role="best"] .outside').count() == 0
+    assert "with steps ≤ 500" in page.locator("body").inner_text()
