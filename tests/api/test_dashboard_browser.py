@@ -1230,14 +1230,16 @@ def test_a_baseline_over_the_step_cap_says_so_in_the_comparison(server: Server, 
     """A capped study trains the small batch for the comparison although it takes more steps
     than the cap: its row in the comparison table says so, and the header's objective names
     the cap, so its higher accuracy does not read as a result the search missed."""
+    from tuner.progress import outcome_of_record
+    from workers.runner import resolve_spec
+
     spec = StudySpec.from_yaml(
         "task: digits\nname: capped\nschedule: {total_epochs: 3}\n"
-        "objective: {kind: accuracy, max_steps: 500}\nbudget: {trials: 4}"
+        "objective: {kind: accuracy, max_steps: 90}\nbudget: {trials: 4}"
     )
     objective = StudyObjective.of(spec, 3)
-    doc = _schedule_doc()
-    # (baseline, accuracy, steps, the constraints it breaks)
-    plans = [("small_batch", 0.986, 1560, ("max_steps",)), (None, 0.9825, 465, ())]
+    train_size = resolve_spec(spec)[1]
+    plans = [("small_batch", 0.986, 32), (None, 0.9825, 128)]  # (baseline, accuracy, batch)
     with StudyStore(server.db_url) as store:
         study = store.create_study(spec.task, spec.to_dict(), 2, name=spec.name)
         for _ in range(20):  # earlier tests may have left studies queued
@@ -1246,11 +1248,13 @@ def test_a_baseline_over_the_step_cap_says_so_in_the_comparison(server: Server, 
             if claimed.id == study.id:
                 break
         records = []
-        for number, (baseline, acc, steps, _) in enumerate(plans):
-            trial = store.create_trial(study.id, number, doc, {}, baseline=baseline)
+        for number, (baseline, acc, batch) in enumerate(plans):
+            schedule = Schedule(stages=(Stage(0, 3, batch),), base_lr=0.1, base_batch_size=32)
+            steps = schedule.total_steps(train_size)
+            trial = store.create_trial(study.id, number, schedule.to_dict(), {}, baseline=baseline)
             for epoch in range(3):
                 store.add_epoch_metrics(trial.id, epoch, {"val_accuracy": acc, "steps": steps})
-            final = {"val_accuracy": acc, "steps": steps, "samples": steps * 32}
+            final = {"val_accuracy": acc, "steps": steps, "samples": steps * batch}
             records.append(
                 store.finish_trial(
                     trial.id,
@@ -1259,23 +1263,10 @@ def test_a_baseline_over_the_step_cap_says_so_in_the_comparison(server: Server, 
                     final={**final, "objective_values": {"val_accuracy": acc}},
                 )
             )
-        outcomes = [
-            TrialOutcome(
-                number=r.number,
-                baseline=r.baseline,
-                schedule=r.schedule,
-                status="completed",
-                epochs_done=3,
-                val_accuracy=r.val_accuracy,
-                metric_value=r.val_accuracy,
-                steps=r.steps,
-                samples=r.samples,
-                values=(r.val_accuracy or 0.0,),
-                feasible=not violated,
-                violated=violated,
-            )
-            for r, (_, _, _, violated) in zip(records, plans, strict=True)
-        ]
+        # The small batch's 99 steps break the cap of 90: its outcome says so (the engine's
+        # rule, from the schedule and the training-set size).
+        outcomes = [outcome_of_record(r, objective, train_size) for r in records]
+        assert [o.violated for o in outcomes] == [("max_steps",), ()]
         summary = summarize(outcomes, objective)
         assert summary["best"]["number"] == 1
         store.set_best(study.id, records[1].id, 0.9825)
@@ -1284,6 +1275,6 @@ def test_a_baseline_over_the_step_cap_says_so_in_the_comparison(server: Server, 
     page.goto(f"{server.base_url}/studies/{study.id}")
     page.wait_for_selector("#comparison-table")
     small = page.locator('#comparison-table tr[data-number="0"] .outside')
-    assert small.inner_text() == "1,560 steps, over the objective's 500: never the result"
+    assert small.inner_text() == "99 steps, over the objective's 90: never the result"
     assert page.locator('#comparison-table tr[data-role="best"] .outside').count() == 0
-    assert "with steps ≤ 500" in page.locator("body").inner_text()
+    assert "with steps ≤ 90" in page.locator("body").inner_text()
