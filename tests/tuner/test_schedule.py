@@ -218,10 +218,11 @@ def test_lr_at_is_cheap_for_many_stages() -> None:
     stages = tuple(Stage(i, i + 1, 8, warmup_epochs=0.5) for i in range(MAX_STAGES))
     s = Schedule(stages, base_lr=0.1, base_batch_size=8)
     # 20k evaluations take ~30 ms; walking the chain of 1000 warm-ups per call would take
-    # seconds (the bound leaves a wide margin for a busy machine)
-    began = time.perf_counter()
+    # seconds. This process's CPU time, not wall time: the quick tests run at idle priority
+    # beside training, where a wall-time bound measures the wait for a CPU.
+    began = time.process_time()
     total = sum(s.lr_at(i / 20) for i in range(20_000))
-    assert time.perf_counter() - began < 2.0
+    assert time.process_time() - began < 2.0
     assert total == pytest.approx(20_000 * 0.1)
     assert s.lr_at(999.25) == pytest.approx(0.1)
 
