@@ -29,6 +29,7 @@ from tuner.objectives import (
     compare,
     metric_words,
     objective_label,
+    objective_target,
     objective_values,
     outside_text,
     search_text,
@@ -158,9 +159,7 @@ def objective_info(
     }
     label = objective_label(objective, metric, direction)
     if kind == "time_to_accuracy":
-        target = objective.get("target_accuracy")
-        if target is None:
-            target = objective.get("target")
+        target = objective_target(objective)
         return {
             **common,
             "cost": cost,

@@ -58,6 +58,7 @@ __all__ = [
     "metric_words",
     "objective_label",
     "objective_metric",
+    "objective_target",
     "objective_values",
     "outside_text",
     "pareto_front",
@@ -167,6 +168,13 @@ def metric_words(metric: str) -> str:
     return "validation " + metric.removeprefix("val_").replace("_", " ")
 
 
+def objective_target(objective: Mapping[str, Any]) -> Any:
+    """A time-to-target objective's target as stored: ``target_accuracy`` (validation
+    accuracy), else ``target`` (of its metric); ``None`` without one."""
+    target = objective.get("target_accuracy")
+    return objective.get("target") if target is None else target
+
+
 def objective_label(objective: Mapping[str, Any], metric: str, direction: str) -> str:
     """A study's objective (its spec's ``objective`` mapping) in words, as the dashboard heads
     the study and the CLI starts it: ``maximise final validation accuracy with steps ≤ 500``,
@@ -177,9 +185,7 @@ def objective_label(objective: Mapping[str, Any], metric: str, direction: str) -
     cost_text = "wall time" if objective.get("cost") == "wall_time" else "steps"
     words = metric_words(metric)
     if kind == "time_to_accuracy":
-        target = objective.get("target_accuracy")
-        if target is None:
-            target = objective.get("target")
+        target = objective_target(objective)
         if isinstance(target, bool) or not isinstance(target, int | float):
             target_text = "the target"
         elif metric == "val_accuracy":
