@@ -58,6 +58,7 @@ __all__ = [
     "retrain_many",
     "run_tuning_study",
     "study_arguments",
+    "study_base",
     "worst_metric_value",
     "write_json",
 ]
@@ -321,6 +322,43 @@ BATCH_FACTOR = 16
 LEGACY_LR_MULTIPLIER = (0.25, 4.0)
 LR_MULTIPLIER = {"mnist1d": LEGACY_LR_MULTIPLIER, "digits": LEGACY_LR_MULTIPLIER}
 UNSET: Any = object()
+
+
+def study_base(
+    task: str,
+    name: str,
+    seed: int,
+    epochs: int,
+    batch_max: int,
+    objective: Mapping[str, Any],
+    task_options: Mapping[str, Any] | None = None,
+    lr_multiplier: tuple[float, float] | None = LEGACY_LR_MULTIPLIER,
+) -> dict[str, Any]:
+    """The part of a benchmark study's spec every benchmark shares: the task, the schedule and
+    the search space (1-4 stages, batch up to ``batch_max``, ``lr_multiplier`` given explicitly
+    or None for the space's default, warm-up up to an epoch, constant or cosine decay) and the
+    objective. The caller adds its ``budget``, ``resources`` and ``baselines``."""
+    extra: dict[str, Any] = {"task_options": dict(task_options)} if task_options else {}
+    return {
+        "task": task,
+        **extra,
+        "name": name,
+        "seed": seed,
+        "schedule": {"total_epochs": epochs, "scaling_rule": "linear"},
+        "space": {
+            "stages": {"min": 1, "max": 4},
+            "min_stage_fraction": 0.1,
+            "batch_size": {"max": batch_max},
+            **(
+                {"lr_multiplier": {"min": lr_multiplier[0], "max": lr_multiplier[1]}}
+                if lr_multiplier is not None
+                else {}
+            ),
+            "warmup_epochs": {"min": 0.0, "max": 1.0},
+            "decay": ["constant", "cosine"],
+        },
+        "objective": dict(objective),
+    }
 
 
 def parse_lr_multiplier(text: str) -> tuple[float, float] | None:

@@ -97,6 +97,7 @@ from common import (  # noqa: E402
     retrain_many,
     run_tuning_study,
     study_arguments,
+    study_base,
 )
 
 from tuner.baselines import increase_batch, large_batch, small_batch  # noqa: E402
@@ -141,27 +142,19 @@ def study_spec(
     objective: dict[str, Any] = {"kind": "accuracy", "max_steps": max_steps}
     if metric is not None:
         objective["metric"] = metric
-    extra: dict[str, Any] = {"task_options": dict(task_options)} if task_options else {}
+    base = study_base(
+        task,
+        f"bench-quality-{task}",
+        seed,
+        epochs,
+        batch_max,
+        objective,
+        task_options,
+        lr_multiplier,
+    )
     return StudySpec.from_dict(
         {
-            "task": task,
-            **extra,
-            "name": f"bench-quality-{task}",
-            "seed": seed,
-            "schedule": {"total_epochs": epochs, "scaling_rule": "linear"},
-            "space": {
-                "stages": {"min": 1, "max": 4},
-                "min_stage_fraction": 0.1,
-                "batch_size": {"max": batch_max},
-                **(
-                    {"lr_multiplier": {"min": lr_multiplier[0], "max": lr_multiplier[1]}}
-                    if lr_multiplier is not None
-                    else {}
-                ),
-                "warmup_epochs": {"min": 0.0, "max": 1.0},
-                "decay": ["constant", "cosine"],
-            },
-            "objective": objective,
+            **base,
             "budget": {
                 "trials": trials,
                 "max_concurrent": concurrent,
