@@ -12,7 +12,12 @@ dead one's heartbeat goes stale and resumes it. Checked afterwards:
 * no trial is left ``running``: the one interrupted by the kill was run again (completed, a
   full curve, ``restarts == 1`` with a ``restart_reason``) or is ``failed`` with a reason;
   every other trial ran once (``restarts == 0``); the API shows the same;
-* no schedule was trained twice (a sampler that replayed its sequence would repeat them).
+* no schedule was trained twice (a sampler that replayed its sequence would repeat them);
+* the interrupted trial, killed after one of its stage boundaries, is not trained from
+  scratch where the second worker can reach the first one's stage-boundary states (same host
+  or shared storage, even with the experiment's state files cut short): it forks from the
+  last boundary it had saved and reports the epochs before it again, exactly as first
+  recorded.
 
 Three variants: the second worker sees the first one's Ray Tune experiment directory (same
 host, or shared storage) and restores it; or it does not (another host with a local data
@@ -41,8 +46,10 @@ import pytest
 
 from api.app import create_app
 from tests.reliability.helpers import STUDIES, api_settings, clean_env
+from tuner.prefixes import boundaries
+from tuner.schedule import Schedule
 from tuner.spec import StudySpec
-from tuner.store import StudyStatus, StudyStore, TrialStatus
+from tuner.store import StudyStatus, StudyStore, TrialRecord, TrialStatus
 from tuner.store.migrate import upgrade
 
 with warnings.catch_warnings():
@@ -59,9 +66,10 @@ SPEC = {
     "name": "crash-me",
     "baselines": False,
     # Enough epochs that the trial seen running is still running when the kill lands, even on
-    # a fast idle machine (~0.1 s per epoch).
+    # a fast idle machine (~0.1 s per epoch); two stages each, so that every trial saves a
+    # stage-boundary state the one interrupted can resume from.
     "schedule": {"total_epochs": EPOCHS},
-    "space": {"stages": {"min": 1, "max": 2}, "batch_size": {"min": 32, "max": 128}},
+    "space": {"stages": {"min": 2, "max": 2}, "batch_size": {"min": 32, "max": 128}},
     "budget": {
         "trials": BUDGET,
         "early_stopping": False,
@@ -121,16 +129,28 @@ def unreadable(path: Path) -> bool:
     return False
 
 
+def boundary_reached(store: StudyStore, trial: TrialRecord) -> int | None:
+    """The last stage boundary (epoch) a running trial has reported past, if any: the trial
+    saved its state there before it reported that epoch."""
+    reported = len(store.trial_metrics(trial.id))
+    ends = [end for _, end in boundaries(Schedule.from_dict(trial.schedule))]
+    return max((end for end in ends if end <= reported), default=None)
+
+
+def curve_of(store: StudyStore, trial_id: int) -> list[tuple[Any, ...]]:
+    return [
+        (m.epoch, m.val_accuracy, m.val_loss, m.train_loss, m.steps, m.lr)
+        for m in store.trial_metrics(trial_id)
+    ]
+
+
 def finished_rows(store: StudyStore, study_id: int) -> dict[int, tuple[Any, ...]]:
     """Every finished trial with its metric rows: what must survive the crash unchanged."""
     rows = {}
     for t in store.list_trials(study_id, limit=1000).items:
         if t.status is TrialStatus.RUNNING:
             continue
-        curve = tuple(
-            (m.epoch, m.val_accuracy, m.val_loss, m.train_loss, m.steps, m.lr)
-            for m in store.trial_metrics(t.id)
-        )
+        curve = tuple(curve_of(store, t.id))
         rows[t.number] = (
             t.id,
             t.status,
@@ -174,17 +194,22 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
 
         first = start_worker(sqlite_url, "w-first", data_dir, address, tmp_path / "w1.log", 60)
         killed_running: int | None = None
+        saved_at: int | None = None  # the last stage boundary it had saved a state at
         try:
             deadline = time.monotonic() + 300
             while True:
                 assert first.poll() is None, (tmp_path / "w1.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "the first worker did not finish 2 trials"
+                assert time.monotonic() < deadline, (
+                    "the first worker did not finish 2 trials and get a third past a stage boundary"
+                )
                 trials = store.list_trials(study_id).items
                 done = [t for t in trials if t.status is not TrialStatus.RUNNING]
                 running = [t for t in trials if t.status is TrialStatus.RUNNING]
-                if len(done) >= 2 and running and store.trial_metrics(running[0].id):
-                    killed_running = running[0].number
-                    break
+                if len(done) >= 2 and running:
+                    saved_at = boundary_reached(store, running[0])
+                    if saved_at is not None:
+                        killed_running = running[0].number
+                        break
                 time.sleep(0.05)
         finally:
             first.send_signal(signal.SIGKILL)
@@ -196,7 +221,10 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
         assert study.status is StudyStatus.RUNNING
         assert study.worker_id == "w-first"
         assert killed_running is not None
-        assert store.get_trial(study_id, killed_running).status is TrialStatus.RUNNING
+        assert saved_at is not None
+        killed = store.get_trial(study_id, killed_running)
+        assert killed.status is TrialStatus.RUNNING
+        reported_before = curve_of(store, killed.id)
 
         # A standing dispatcher: it finds nothing to claim until the heartbeat is 3 s old.
         state_files = [
@@ -260,6 +288,18 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
             assert interrupted.restarts == 1, interrupted
             assert interrupted.restart_reason, interrupted
             assert "did not finish" in interrupted.restart_reason
+            # Its finished prefix is not trained again where the states are in reach: it
+            # forks from the last boundary it had saved (at least the one seen reported) and
+            # reports the epochs before it again, as first recorded.
+            if storage != "other-host":
+                forked = curve[0].extra.get("forked_epochs") or 0
+                replayed = [bool(m.extra.get("replayed")) for m in curve]
+                ends = [end for _, end in boundaries(Schedule.from_dict(interrupted.schedule))]
+                assert forked >= saved_at, (forked, saved_at)
+                assert forked in ends, (forked, ends)
+                assert replayed == [True] * forked + [False] * (EPOCHS - forked), replayed
+                seen = min(forked, len(reported_before))
+                assert curve_of(store, interrupted.id)[:seen] == reported_before[:seen]
         for t in trials:
             if t.number != killed_running:
                 assert t.restarts == 0, t  # every other trial ran once
