@@ -104,8 +104,9 @@ def measure_noise(
 
 
 def parse_parts(text: str) -> list[tuple[int, int, int, float]]:
-    """``"128@0-3 -> 512@3-30"`` (a schedule's summary) as ``(start, end, batch, factor)``
-    parts; ``BATCH@START-ENDxF`` sets a stage's ``factor`` (1 without)."""
+    """``"128@0-3 -> 512@3-30"`` (a schedule's summary without its LRs) as ``(start, end,
+    batch, factor)`` parts; ``BATCH@START-ENDxF`` sets a stage's ``factor`` (1 without): a
+    factor on the recipes' LR, not the summary's absolute ``(lr x..)`` multiplier."""
     parts = []
     for stage in text.split("->"):
         body, _, factor = stage.strip().partition("x")

@@ -396,7 +396,7 @@ def test_noise_candidate_smoke(
     assert float(fields["max_steps_ratio"]) == pytest.approx(floor["ratio"], abs=0.01)
     assert int(fields["step_floor"]) == round(floor["floor"])
     other, from_file = row["compare"]
-    assert other["stages"] == "64@0-1 -> 256@1-2"
+    assert other["stages"] == "64@0-1 (lr x0.5) -> 256@1-2"
     # The scaling rule's LR (multiplier 1), the first stage's halved by its x0.5.
     assert [st["lr_multiplier"] for st in other["schedule"]["stages"]] == [0.5, 1.0]
     assert other["schedule"]["stages"][1]["warmup_epochs"] > 0  # the LR rises at the 4x step
@@ -405,7 +405,7 @@ def test_noise_candidate_smoke(
     assert Schedule.from_dict(from_file["schedule"]).stages == mine.stages
     assert from_file["steps"] > 0
     markdown = (tmp_path / "noise_candidate_smoke.md").read_text()
-    assert "| digits | `64@0-1 -> 256@1-2` |" in markdown
+    assert "| digits | `64@0-1 (lr x0.5) -> 256@1-2` |" in markdown
     assert f"({floor['ratio']:.1f}x)" in markdown
     with pytest.raises(SystemExit, match="is not BATCH@START-END"):
         module.main(["--smoke", "--results-dir", str(tmp_path), "--compare", "64 for 2 epochs"])

@@ -172,7 +172,11 @@ def test_the_searcher_draws_the_recipes_first_and_once(tmp_path: Path) -> None:
     assert all(isinstance(c, dict) for c in first)
     drawn = [Schedule.from_dict(c["schedule"]).summary() for c in first]  # type: ignore[index]
     # Under the step cap the batch warm-up recipe first, then the increase recipe.
-    assert drawn[:3] == ["64@0-2 -> 256@2-12", "128@0-8 -> 512@8-10 -> 1024@10-12", "256@0-12"]
+    assert drawn[:3] == [
+        "64@0-2 -> 256@2-12",
+        "128@0-8 -> 512@8-10 (lr x0.25) -> 1024@10-12 (lr x0.25)",
+        "256@0-12",
+    ]
     assert [c[META_KEY]["candidate"] for c in first] == [  # type: ignore[index]
         FITTED_BATCH_WARMUP,
         FITTED_INCREASE,

@@ -67,7 +67,11 @@ def doc(**overrides: Any) -> dict[str, Any]:
 
 def test_summary_and_epoch_lookups() -> None:
     s = three_stage()
-    assert s.summary() == "64@0-3 -> 256@3-8 -> 1024@8-12"
+    assert s.summary() == "64@0-3 -> 256@3-8 (lr x0.5) -> 1024@8-12 (lr x0.25)"
+    # The LR multiplier shows where it is not 1: two schedules that differ only in their LR
+    # never read the same.
+    plain = replace(s, stages=tuple(replace(st, lr_multiplier=1.0) for st in s.stages))
+    assert plain.summary() == "64@0-3 -> 256@3-8 -> 1024@8-12"
     assert s.total_epochs == 12
     assert [s.stage_index_at(e) for e in (0, 2.999, 3, 7.5, 8, 11.99)] == [0, 0, 1, 1, 2, 2]
     assert [s.batch_size_at(e) for e in (0, 3, 8, 11)] == [64, 256, 1024, 1024]
@@ -607,7 +611,7 @@ def test_place_reports_bad_arguments_once() -> None:
 
 def test_example_file_loads() -> None:
     s = Schedule.load(EXAMPLE)
-    assert s.summary() == "512@0-10 -> 2048@10-30 -> 8192@30-45"
+    assert s.summary() == "512@0-10 -> 2048@10-30 (lr x0.75) -> 8192@30-45 (lr x0.5)"
     assert s.placement == PlacementHint(world_size=8, micro_batch=256)
     assert s.provenance is not None
     assert s.provenance["task"] == "cifar10"

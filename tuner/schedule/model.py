@@ -513,8 +513,10 @@ class Schedule:
     # ---------------------------------------------------------------- presentation
 
     def summary(self) -> str:
-        """One line: ``"64@0-3 -> 256@3-8 -> 1024@8-12"`` (batch@start-end per stage)."""
-        return " -> ".join(f"{s.batch_size}@{s.start_epoch}-{s.end_epoch}" for s in self.stages)
+        """One line: ``"64@0-3 -> 256@3-8 (lr x0.5) -> 1024@8-12 (lr x0.125)"``: batch@start-end
+        per stage, and the stage's LR multiplier (on top of the scaling rule's LR) where it is
+        not 1, so two schedules that differ only in their LR never read the same."""
+        return " -> ".join(_stage_summary(s) for s in self.stages)
 
     # ---------------------------------------------------------------- dict / YAML
 
@@ -572,10 +574,17 @@ def _check_dataset_size(dataset_size: int) -> int:
     return size
 
 
+def _stage_summary(stage: Stage) -> str:
+    text = f"{stage.batch_size}@{stage.start_epoch}-{stage.end_epoch}"
+    if not math.isclose(stage.lr_multiplier, 1.0, rel_tol=1e-9):
+        text += f" (lr x{stage.lr_multiplier:.3g})"
+    return text
+
+
 def schedule_summary(document: Mapping[str, Any]) -> str | None:
-    """``"64@0-3 -> 256@3-8"`` (:meth:`Schedule.summary`) for a schedule document, ``None``
-    if it is not a valid schedule: the one rule behind the summary the store writes with each
-    trial (``TrialRecord.schedule_summary``, which the API, dashboard and CLI show)."""
+    """``"64@0-3 -> 256@3-8 (lr x0.5)"`` (:meth:`Schedule.summary`) for a schedule document,
+    ``None`` if it is not a valid schedule: the one rule behind the summary the store writes
+    with each trial (``TrialRecord.schedule_summary``, which the API, dashboard and CLI show)."""
     try:
         return Schedule.from_dict(dict(document)).summary()
     except (ValidationError, TypeError, ValueError):
