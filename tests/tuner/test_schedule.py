@@ -72,6 +72,10 @@ def test_summary_and_epoch_lookups() -> None:
     # never read the same.
     plain = replace(s, stages=tuple(replace(st, lr_multiplier=1.0) for st in s.stages))
     assert plain.summary() == "64@0-3 -> 256@3-8 -> 1024@8-12"
+    near = replace(
+        plain, stages=(replace(plain.stages[0], lr_multiplier=1.0004), *plain.stages[1:])
+    )
+    assert near.summary() == plain.summary()  # shown to 3 digits: never "(lr x1)"
     assert s.total_epochs == 12
     assert [s.stage_index_at(e) for e in (0, 2.999, 3, 7.5, 8, 11.99)] == [0, 0, 1, 1, 2, 2]
     assert [s.batch_size_at(e) for e in (0, 3, 8, 11)] == [64, 256, 1024, 1024]

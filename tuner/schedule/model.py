@@ -575,10 +575,10 @@ def _check_dataset_size(dataset_size: int) -> int:
 
 
 def _stage_summary(stage: Stage) -> str:
+    """``64@0-3``, with `` (lr x0.5)`` where the LR multiplier, to 3 digits, is not 1."""
     text = f"{stage.batch_size}@{stage.start_epoch}-{stage.end_epoch}"
-    if not math.isclose(stage.lr_multiplier, 1.0, rel_tol=1e-9):
-        text += f" (lr x{stage.lr_multiplier:.3g})"
-    return text
+    shown = f"{stage.lr_multiplier:.3g}"
+    return text if shown == "1" else f"{text} (lr x{shown})"
 
 
 def schedule_summary(document: Mapping[str, Any]) -> str | None:
