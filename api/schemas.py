@@ -69,7 +69,9 @@ class BestTrial(Schema):
         "fresh seeds, its mean over them (see `seeds`, `std`)."
     )
     schedule_summary: str | None = Field(
-        None, description="The best schedule in one line, e.g. '64@0-3 -> 256@3-8'."
+        None,
+        description="The best schedule in one line, e.g. '64@0-3 -> 256@3-8 (lr x0.5)': "
+        "batch@start-end epochs per stage, with the stage's LR multiplier where it is not 1.",
     )
     baseline: str | None = Field(
         None, description="The baseline the best trial is (null: a tuned schedule)."
