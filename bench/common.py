@@ -330,14 +330,22 @@ def study_base(
     seed: int,
     epochs: int,
     batch_max: int,
-    objective: Mapping[str, Any],
-    task_options: Mapping[str, Any] | None = None,
-    lr_multiplier: tuple[float, float] | None = LEGACY_LR_MULTIPLIER,
+    *,
+    max_steps: int | None,
+    metric: str | None,
+    task_options: Mapping[str, Any] | None,
+    lr_multiplier: tuple[float, float] | None,
 ) -> dict[str, Any]:
     """The part of a benchmark study's spec every benchmark shares: the task, the schedule and
     the search space (1-4 stages, batch up to ``batch_max``, ``lr_multiplier`` given explicitly
     or None for the space's default, warm-up up to an epoch, constant or cosine decay) and the
-    objective. The caller adds its ``budget``, ``resources`` and ``baselines``."""
+    objective (final accuracy of ``metric``, else the task's primary one, under ``max_steps``
+    if given). The caller adds its ``budget``, ``resources`` and ``baselines``."""
+    objective: dict[str, Any] = {"kind": "accuracy"}
+    if max_steps is not None:
+        objective["max_steps"] = max_steps
+    if metric is not None:
+        objective["metric"] = metric
     extra: dict[str, Any] = {"task_options": dict(task_options)} if task_options else {}
     return {
         "task": task,
@@ -357,7 +365,7 @@ def study_base(
             "warmup_epochs": {"min": 0.0, "max": 1.0},
             "decay": ["constant", "cosine"],
         },
-        "objective": dict(objective),
+        "objective": objective,
     }
 
 

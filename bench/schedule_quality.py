@@ -139,18 +139,16 @@ def study_spec(
     budget; the baselines are trained here, so the study runs none. ``lr_multiplier``: the
     space's range given explicitly, or None for the space's default (widened to reach the
     square-root rule's LR at the largest batch, ``tuner.space.lr_multiplier_range``)."""
-    objective: dict[str, Any] = {"kind": "accuracy", "max_steps": max_steps}
-    if metric is not None:
-        objective["metric"] = metric
     base = study_base(
         task,
         f"bench-quality-{task}",
         seed,
         epochs,
         batch_max,
-        objective,
-        task_options,
-        lr_multiplier,
+        max_steps=max_steps,
+        metric=metric,
+        task_options=task_options,
+        lr_multiplier=lr_multiplier,
     )
     return StudySpec.from_dict(
         {

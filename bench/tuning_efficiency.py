@@ -159,20 +159,16 @@ def study_spec(
     """One method's study; ``metric`` (else the task's primary one) is its objective,
     ``lr_multiplier`` the space's range given explicitly (None: the space's default)."""
     tpe = method not in ("random", "pbt")
-    objective: dict[str, Any] = {"kind": "accuracy"}
-    if max_steps is not None:
-        objective["max_steps"] = max_steps
-    if metric is not None:
-        objective["metric"] = metric
     base = study_base(
         task,
         f"bench-efficiency-{method}-{seed}",
         seed,
         epochs,
         batch_max,
-        objective,
-        task_options,
-        lr_multiplier,
+        max_steps=max_steps,
+        metric=metric,
+        task_options=task_options,
+        lr_multiplier=lr_multiplier,
     )
     return StudySpec.from_dict(
         {
