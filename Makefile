@@ -55,6 +55,9 @@ typecheck: $(STAMP)
 # (OMP_NUM_THREADS=1): at idle priority a second intra-op thread waits, spinning, for a sibling
 # the scheduler has put off, and a test that trains 4 epochs of a small model took 151 s instead
 # of 1.6 s (the quick tests: 16:53 beside the training run with two threads, 8:49 alone with one).
+# The machine is CPU-bound under this layout: the training tests alone use 72 % of 2 cores, the
+# quick tests most of the rest. Two training processes side by side (a Ray instance each) were
+# measured slower (28.5 min against 23.7 on one VM): the quick tests, starved, ran last, alone.
 # Lint runs first.
 IDLE := $(shell chrt --idle 0 true 2>/dev/null && echo chrt --idle 0 || echo nice -n 19)
 test: $(STAMP) system-deps lint
