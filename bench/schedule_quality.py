@@ -49,7 +49,8 @@ schedules: ``dominated`` counts the recipes for which some tuned schedule is at 
 on the test metric (within one std of the recipe's mean) at no more steps, and
 ``steps_ratio_at_small[_acc]`` is the small batch's steps over those of the cheapest tuned
 schedule within the small batch's spread (``none``: no such schedule). ``tuned*`` is the
-``--steps-fraction`` study's.
+``--steps-fraction`` study's. ``--ratios 2,3,4`` adds a study under a half, a third and a
+quarter of the small batch's steps, so the front also has points at those savings.
 
 The batch range is the task's base batch to ``--batch-max``; by default 1,024 for mnist1d
 (measured: Goyal's recipe loses 3-5 points there, 0.3 at 512) and 16x the base batch for other
@@ -380,6 +381,12 @@ def _markdown(data: dict[str, Any]) -> str:
             + ".\n"
         )
     out.append(f"\nTuned schedule: {tuning['source']}.\n")
+    if cfg.get("ratios"):
+        out.append(
+            "\nThe front's step caps: every recipe's own steps and "
+            + ", ".join(f"1/{r:g}" for r in cfg["ratios"])
+            + " of the small batch's (`--ratios`).\n"
+        )
     for label, extra in (data.get("tuning_at_recipe_steps") or {}).items():
         out.append(f"\n{label}: {extra['source']}.\n")
     targets = data["targets"]
@@ -418,6 +425,38 @@ def _is_tuned(label: str) -> bool:
 def _brief(tuning: dict[str, Any]) -> dict[str, Any]:
     """A study's record without its trials (the JSON keeps the main study's in full)."""
     return {k: v for k, v in tuning.items() if k != "trials"}
+
+
+def front_caps(
+    recipe_steps: Sequence[int], small_steps: int, max_steps: int, ratios: Sequence[float]
+) -> list[int]:
+    """The step caps of the front's extra studies: every recipe's own steps (so that each
+    recipe meets a tuned schedule at no more steps than its own) and, for each ratio ``k`` of
+    ``--ratios``, a ``k``-th of the small batch's steps (rounded down), so that the front has a
+    point at each saving a user asks about, not only where a recipe happens to sit. Without
+    them ``steps_ratio_at_small`` can only land on the recipes' step counts: denoise's front
+    read 1.78x through its 144-step point while its next point down, 88 steps, fell short, so
+    the ratio could have been anything up to 2.9x. The main study's cap (``max_steps``) is left
+    out: that study has run already."""
+    caps = set(recipe_steps) | {max(1, int(small_steps / k)) for k in ratios}
+    return sorted(caps - {max_steps})
+
+
+def _ratios(text: str) -> list[float]:
+    """``--ratios 2,3,4``: step savings over the small batch (each > 1), for :func:`front_caps`."""
+    try:
+        ratios = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--ratios takes numbers separated by commas (e.g. 2,3,4), not {text!r}"
+        ) from None
+    bad = [r for r in ratios if not r > 1]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"--ratios: each ratio is a saving over the small batch's steps and must be over 1, "
+            f"not {', '.join(f'{r:g}' for r in bad)}"
+        )
+    return ratios
 
 
 def _as_good(row: Mapping[str, Any], ref: Mapping[str, Any], metric: Metric) -> bool:
@@ -697,6 +736,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="recipes: one more study under each recipe's own step count (the front); "
         "single: only the --steps-fraction study",
     )
+    parser.add_argument(
+        "--ratios",
+        type=_ratios,
+        default=[],
+        help="with --budgets recipes, one more study under each k-th of the small batch's "
+        "steps (e.g. 2,3,4: half, a third, a quarter), so the front has points at those "
+        "savings too",
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--tag", default=None, help="suffix of the result files' names")
     parser.add_argument(
@@ -783,7 +830,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # steps), so that every recipe meets a tuned schedule at no more steps than its own.
     caps: list[int] = []
     if args.budgets == "recipes" and args.tuned_yaml is None:
-        caps = sorted({sch.total_steps(train_size) for sch in schedules.values()} - {max_steps})
+        caps = front_caps(
+            [sch.total_steps(train_size) for sch in schedules.values()],
+            small_steps,
+            max_steps,
+            args.ratios,
+        )
     if args.smoke:
         caps = caps[:1]  # the path, not the front: one extra study (the cheapest recipe's)
     extra_tuning: dict[str, Any] = {}
@@ -839,6 +891,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "declared_metrics": dict(task.metrics),
             "batch_max_source": batch_max_source,
             "task_options": args.task_options,
+            "budgets": args.budgets,
+            "ratios": args.ratios,
         },
         "tuning": tuning,
         "tuning_at_recipe_steps": {k: _brief(v) for k, v in extra_tuning.items()},

@@ -277,3 +277,20 @@ def test_lr_multiplier_range_is_given_or_left_to_the_space(sq: ModuleType) -> No
 
     assert lr_multiplier_range(given.space.lr_multiplier, "linear", 16) == (0.25, 4.0)
     assert lr_multiplier_range(left.space.lr_multiplier, "linear", 16) == (0.062, 4.0)
+
+
+def test_the_front_has_a_study_at_each_ratio_asked_for(sq: ModuleType) -> None:
+    """``--ratios 2,3,4`` adds caps at a half, a third and a quarter of the small batch's
+    steps to the recipes' own (denoise's: 16, 104, 148 and the small batch's 256), leaving
+    out the main study's cap and any cap already there; a ratio that is no saving is refused
+    naming the option."""
+    import argparse
+
+    recipes = [256, 16, 16, 148, 104]
+    assert sq.front_caps(recipes, 256, 51, []) == [16, 104, 148, 256]
+    assert sq.front_caps(recipes, 256, 51, sq._ratios("2,3,4")) == [16, 64, 85, 104, 128, 148, 256]
+    # a ratio whose cap is the main study's (1/5: 51 steps) or a recipe's adds nothing
+    assert sq.front_caps(recipes, 256, 51, [5.0, 256 / 148]) == [16, 104, 148, 256]
+    for bad in ("1", "0.5,2", "two"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--ratios"):
+            sq._ratios(bad)
