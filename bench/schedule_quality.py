@@ -754,6 +754,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.task and args.task_option and args.task != args.task_option:
         parser.error(f"two tasks given: {args.task} and --task {args.task_option}")
+    if args.ratios and (args.budgets != "recipes" or args.tuned_yaml is not None):
+        parser.error(
+            "--ratios adds studies to the front: it needs --budgets recipes (the default) and "
+            "no --tuned-yaml"
+        )
     args.task = args.task or args.task_option or "mnist1d"
     default_task = args.task == "mnist1d"
     if args.smoke:

@@ -294,3 +294,7 @@ def test_the_front_has_a_study_at_each_ratio_asked_for(sq: ModuleType) -> None:
     for bad in ("1", "0.5,2", "two"):
         with pytest.raises(argparse.ArgumentTypeError, match="--ratios"):
             sq._ratios(bad)
+    # a front of one budget, or none of its own, has no room for them
+    for given in (["--budgets", "single"], ["--tuned-yaml", "best.yaml"]):
+        with pytest.raises(SystemExit):
+            sq.main(["--ratios", "2", *given])
