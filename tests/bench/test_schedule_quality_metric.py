@@ -279,7 +279,9 @@ def test_lr_multiplier_range_is_given_or_left_to_the_space(sq: ModuleType) -> No
     assert lr_multiplier_range(left.space.lr_multiplier, "linear", 16) == (0.062, 4.0)
 
 
-def test_the_front_has_a_study_at_each_ratio_asked_for(sq: ModuleType) -> None:
+def test_the_front_has_a_study_at_each_ratio_asked_for(
+    sq: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``--ratios 2,3,4`` adds caps at a half, a third and a quarter of the small batch's
     steps to the recipes' own (denoise's: 16, 104, 148 and the small batch's 256), leaving
     out the main study's cap and any cap already there; a ratio that is no saving is refused
@@ -296,5 +298,9 @@ def test_the_front_has_a_study_at_each_ratio_asked_for(sq: ModuleType) -> None:
             sq._ratios(bad)
     # a front of one budget, or none of its own, has no room for them
     for given in (["--budgets", "single"], ["--tuned-yaml", "best.yaml"]):
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as refused:
             sq.main(["--ratios", "2", *given])
+        assert refused.value.code == 2  # a usage error, before anything trains
+        assert "--ratios adds studies to the front: it needs --budgets recipes" in (
+            capsys.readouterr().err
+        )
