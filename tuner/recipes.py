@@ -81,18 +81,32 @@ batch, under each rule.
 
 **The LR bracket** (:func:`lr_variants`): the recipes fix the LR by a rule, and which LR a
 budget rewards differs by task, so once they have trained the searcher draws the best two
-(:func:`lr_bracket`) again with the first stage's LR multiplier doubled and with every stage's
-halved. Two, because the recipes are ranked at their rule's LR on one seed: at tinylm's 1/5
-step cap (validation loss, trial seeds 0-4) the constant recipe wins at its rule's LR on seed 0
-(2.61 nats against the increase recipe's 2.70), while the increase recipe at half its LR
-reaches 2.58 there and 2.54 on average (the constant recipe 2.61, halved 2.69). Measured
-in-process at the quality bench's 1/5 step caps (validation, trial seeds 0-2,
-``fitted_batch_warmup``): ``denoise`` 26.64 / 27.59 / 28.27 dB, the first stage doubled 27.50
-/ 28.48 / 28.70, every stage doubled 26.91 / 24.09 / 23.05; ``tinylm`` 2.81 / 2.42 / 2.52
-nats, every stage halved 2.57 / 2.52 / 2.54, the first stage doubled 2.95 / 2.94 / 2.84;
-``mnist1d`` (five test seeds) 98.81 +/- 0.07 %, the second stage doubled 98.88 +/- 0.10.
-That last variant, the stages from the first batch increase on doubled, was tried as a third
-one and not kept: under ASHA it is behind early and was stopped before its end (docs/design.md).
+(:func:`lr_bracket`) again with their LR moved up and with every stage's halved. Two, because
+the recipes are ranked at their rule's LR on one seed: at tinylm's 1/5 step cap (validation
+loss, trial seeds 0-4) the constant recipe wins at its rule's LR on seed 0 (2.61 nats against
+the increase recipe's 2.70), while the increase recipe at half its LR reaches 2.58 there and
+2.54 on average (the constant recipe 2.61, halved 2.69). Measured in-process at the quality
+bench's 1/5 step caps (validation, trial seeds 0-2, ``fitted_batch_warmup``): ``denoise``
+26.64 / 27.59 / 28.27 dB, the first stage doubled 27.50 / 28.48 / 28.70, every stage doubled
+26.91 / 24.09 / 23.05; ``tinylm`` 2.81 / 2.42 / 2.52 nats, every stage halved 2.57 / 2.52 /
+2.54, the first stage doubled 2.95 / 2.94 / 2.84. So for AdamW (and LARS, not measured) the
+up-variant is ``recipe_first_lr_double``, the first stage's LR alone doubled.
+
+For SGD it is ``recipe_lr_up``: the first stage's LR doubled and every stage at a larger batch
+than the first at :data:`LATER_LR_FACTOR` (3) times the recipe's. Under a step cap SGD wants
+more LR than the linear rule gives at the larger batches: on ``mnist1d`` at its 1/5 cap
+(``64@0-3 -> 256@3-30``, 747 steps, 6.3x fewer than the small batch; test accuracy over ten
+fresh seeds, ``bench/README.md``) the recipe scores 98.79 +/- 0.11 %, with both stages at 2x
+its LR 98.89, with the first at 2x and the second at 3x 98.95 +/- 0.10, at 2x and 4x 99.02 +/-
+0.10, against the small batch's 98.98 +/- 0.07 in 4,680 steps. 3, not 4: the 4x schedule
+diverged on one fresh seed of 16 (in a study's seed runs). The search's own draws rarely get
+there: TPE drew that neighbourhood at 1.5-2.5x, and ASHA, comparing them before their end on
+one seed, stopped them. ASHA stopped the variant itself too, at its epoch-9 rung (of 30) in the
+quality bench's cap study (90.6 % validation on its cooldown probe there; the recipe 98.9 % at
+the end), so SGD's up-variants are left unjudged by ASHA (:data:`UNJUDGED_VARIANTS`): at most
+two trials of a study run to the end that would have stopped at a rung. Every stage from the
+first batch increase on doubled was tried as a third variant of each recipe and not kept:
+behind early, ASHA stopped it before its end (docs/design.md).
 
 **The order.** Where the batch warm-up recipe is built (under a step cap), it trains first and
 the increase recipe second (:data:`RECIPES`); elsewhere the constant recipe first
@@ -136,16 +150,23 @@ __all__ = [
     "FITTED_CONSTANT",
     "FITTED_CONSTANT_SQRT",
     "FITTED_INCREASE",
+    "LATER_LR_FACTOR",
     "LR_VARIANTS",
     "MAX_LR_JUMP",
+    "OTHER_LR_VARIANTS",
     "RECIPES",
     "RECIPE_FIRST_LR_DOUBLE",
     "RECIPE_LR_HALF",
+    "RECIPE_LR_UP",
     "RUNNER_UP_FIRST_LR_DOUBLE",
     "RUNNER_UP_LR_HALF",
+    "RUNNER_UP_LR_UP",
     "RUNNER_UP_VARIANTS",
+    "SGD_LR_VARIANTS",
     "UNCAPPED_RECIPES",
+    "UNJUDGED_VARIANTS",
     "lr_bracket",
+    "lr_variant_names",
     "lr_variants",
     "recipe_schedules",
     "recipe_stages",
@@ -164,22 +185,42 @@ FITTED_BATCH_WARMUP: Final = "fitted_batch_warmup"
 RECIPES: Final = (FITTED_BATCH_WARMUP, FITTED_INCREASE, FITTED_CONSTANT, FITTED_CONSTANT_SQRT)
 #: The order without a step cap (no batch warm-up recipe): the constant recipe first.
 UNCAPPED_RECIPES: Final = (FITTED_CONSTANT, FITTED_INCREASE, FITTED_CONSTANT_SQRT)
-#: The LR bracket around the best recipe (:func:`lr_variants`): the first stage's multiplier
-#: alone doubled, every stage's halved.
+#: The LR bracket around the best recipe (:func:`lr_variants`): for AdamW and LARS the first
+#: stage's multiplier alone doubled; for SGD the first stage's doubled and every stage at a
+#: larger batch than the first at :data:`LATER_LR_FACTOR` times its multiplier; and every
+#: stage's halved.
 RECIPE_FIRST_LR_DOUBLE: Final = "recipe_first_lr_double"
+RECIPE_LR_UP: Final = "recipe_lr_up"
 RECIPE_LR_HALF: Final = "recipe_lr_half"
 #: The same bracket around the second-best recipe (:func:`lr_bracket`).
 RUNNER_UP_FIRST_LR_DOUBLE: Final = "runner_up_first_lr_double"
+RUNNER_UP_LR_UP: Final = "runner_up_lr_up"
 RUNNER_UP_LR_HALF: Final = "runner_up_lr_half"
-RUNNER_UP_VARIANTS: Final = (RUNNER_UP_FIRST_LR_DOUBLE, RUNNER_UP_LR_HALF)
-#: The LR variants, in the order the search trains them.
-LR_VARIANTS: Final = (RECIPE_FIRST_LR_DOUBLE, RECIPE_LR_HALF, *RUNNER_UP_VARIANTS)
+RUNNER_UP_VARIANTS: Final = (RUNNER_UP_FIRST_LR_DOUBLE, RUNNER_UP_LR_UP, RUNNER_UP_LR_HALF)
+#: The LR variants a study with SGD draws, in the order the search trains them.
+SGD_LR_VARIANTS: Final = (RECIPE_LR_UP, RECIPE_LR_HALF, RUNNER_UP_LR_UP, RUNNER_UP_LR_HALF)
+#: The LR variants a study with AdamW or LARS draws, in the order the search trains them.
+OTHER_LR_VARIANTS: Final = (
+    RECIPE_FIRST_LR_DOUBLE,
+    RECIPE_LR_HALF,
+    RUNNER_UP_FIRST_LR_DOUBLE,
+    RUNNER_UP_LR_HALF,
+)
+#: Every LR variant's name.
+LR_VARIANTS: Final = (*OTHER_LR_VARIANTS, RECIPE_LR_UP, RUNNER_UP_LR_UP)
+#: SGD's up-variant: the multiplier of every stage at a larger batch than the first, times
+#: this (module docstring, "The LR bracket"; 4 diverged on one seed of 16).
+LATER_LR_FACTOR: Final = 3.0
+#: The LR variants ASHA leaves unjudged (``tuner.engine.ProtectedASHA``), so they train to
+#: the end: SGD's up-variants, behind at the rungs and ahead at the end (module docstring).
+UNJUDGED_VARIANTS: Final = (RECIPE_LR_UP, RUNNER_UP_LR_UP)
 #: How many of the best recipes the LR bracket goes around (:func:`lr_bracket`): the recipes
 #: are ranked at their rule's LR on one seed, and the one that wins there need not be the one
 #: that wins at its best LR (module docstring).
 BRACKETED_RECIPES: Final = 2
 _RUNNER_UP_NAMES: Final = {
     RECIPE_FIRST_LR_DOUBLE: RUNNER_UP_FIRST_LR_DOUBLE,
+    RECIPE_LR_UP: RUNNER_UP_LR_UP,
     RECIPE_LR_HALF: RUNNER_UP_LR_HALF,
 }
 #: The most the batch warm-up recipe's LR may grow at its one batch increase: the factor of
@@ -233,28 +274,42 @@ def recipe_schedules(
     return out
 
 
+def lr_variant_names(space: ScheduleSpace) -> tuple[str, ...]:
+    """The LR variants a study over ``space`` draws, in the order the search trains them:
+    :data:`SGD_LR_VARIANTS` for SGD, else :data:`OTHER_LR_VARIANTS`."""
+    return SGD_LR_VARIANTS if space.optimizer == "sgd" else OTHER_LR_VARIANTS
+
+
 def lr_variants(space: ScheduleSpace, schedule: Schedule) -> list[tuple[str, Schedule]]:
     """The LR bracket around ``schedule`` (the best recipe, once the recipes have trained), in
-    :data:`LR_VARIANTS` order: the first stage's LR multiplier alone doubled, every stage's
-    halved; on the space's grid and clipped to its range. A variant that comes out equal to
-    the schedule or to an earlier variant (a multiplier at the range's end) is left out.
-    Batches, stages, warm-ups and decays stay. Not every stage's doubled: it lost on both
-    tasks where it was measured (module docstring), and until the first boundary it trains
-    the same as the first variant."""
+    :func:`lr_variant_names` order: the LR moved up (for SGD, ``recipe_lr_up``: the first
+    stage's multiplier doubled and that of every stage at a larger batch than the first
+    times :data:`LATER_LR_FACTOR`; for AdamW and LARS, ``recipe_first_lr_double``: the
+    first stage's alone doubled), then every stage's halved; on the space's grid and clipped
+    to its range. A variant that comes out equal to the schedule or to an earlier variant (a
+    multiplier at the range's end) is left out. Batches, stages, warm-ups and decays stay.
+    Not every stage's doubled: it lost on both AdamW tasks where it was measured (module
+    docstring), and until the first boundary it trains the same as the up-variant."""
+    first = schedule.stages[0].batch_size
+    sgd = space.optimizer == "sgd"
+
+    def up(i: int, st: Stage) -> float:
+        if i == 0:
+            return 2.0
+        return LATER_LR_FACTOR if sgd and st.batch_size > first else 1.0
+
     out: list[tuple[str, Schedule]] = []
-    for name, factor, first_only in (
-        (RECIPE_FIRST_LR_DOUBLE, 2.0, True),
-        (RECIPE_LR_HALF, 0.5, False),
+    for name, factor in (
+        (RECIPE_LR_UP if sgd else RECIPE_FIRST_LR_DOUBLE, up),
+        (RECIPE_LR_HALF, lambda i, st: 0.5),
     ):
         stages = tuple(
             replace(
                 st,
                 lr_multiplier=lr_multiplier_grid(
-                    st.lr_multiplier * factor, space.lr_mult_min, space.lr_mult_max
+                    st.lr_multiplier * factor(i, st), space.lr_mult_min, space.lr_mult_max
                 ),
             )
-            if i == 0 or not first_only
-            else st
             for i, st in enumerate(schedule.stages)
         )
         if stages != schedule.stages and all(stages != other.stages for _, other in out):
@@ -264,7 +319,7 @@ def lr_variants(space: ScheduleSpace, schedule: Schedule) -> list[tuple[str, Sch
 
 def lr_bracket(space: ScheduleSpace, ranked: Sequence[Schedule]) -> list[tuple[str, Schedule]]:
     """The LR bracket around the best :data:`BRACKETED_RECIPES` of ``ranked`` (the recipes
-    that trained, best first), in :data:`LR_VARIANTS` order: the best one's
+    that trained, best first), in :func:`lr_variant_names` order: the best one's
     :func:`lr_variants`, then the second's under the ``runner_up_`` names. A variant that
     comes out equal to a ranked recipe or to an earlier variant is left out."""
     out: list[tuple[str, Schedule]] = []

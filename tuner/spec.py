@@ -550,8 +550,10 @@ class Budget(_Model):
         "increasing batch second, else the constant batch first. They seed "
         "the sampler and are reported beside the baselines (fitted_batch_warmup, "
         "fitted_increase, fitted_constant, fitted_constant_sqrt). Once they have trained, "
-        "the best two train again with their LR moved (recipe_first_lr_double, "
-        "recipe_lr_half, then runner_up_first_lr_double, runner_up_lr_half; "
+        "the best two train again with their LR moved (recipe_lr_up for SGD: the first "
+        "stage's LR doubled and every larger batch's tripled, else recipe_first_lr_double: "
+        "the first stage's doubled; recipe_lr_half; then the same for the second-best, "
+        "runner_up_lr_up or runner_up_first_lr_double, runner_up_lr_half; "
         "at most one of 6 tuned trials of the budget; not in the stage-wise search). "
         "Single-objective studies with the optuna or stagewise search.",
     )

@@ -1,6 +1,6 @@
 """ASHA as the engine runs it (``ProtectedASHA``): Tune's asynchronous successive halving,
-with baselines left out of the rungs and no rung stopping a trial before it holds
-``reduction_factor`` results."""
+with baselines (and SGD's LR up-variants) left out of the rungs and no rung stopping a trial
+before it holds ``reduction_factor`` results."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ray.tune.schedulers import TrialScheduler
 
 from tuner.engine import ProtectedASHA
 from tuner.engine_search import META_KEY, TrialMeta
+from tuner.recipes import RECIPE_LR_HALF, RECIPE_LR_UP, RUNNER_UP_LR_UP, UNJUDGED_VARIANTS
 
 CONTINUE, STOP = str(TrialScheduler.CONTINUE), str(TrialScheduler.STOP)
 #: The scheduler reads nothing of Tune's controller here.
@@ -101,3 +102,27 @@ def test_baselines_are_neither_stopped_nor_counted() -> None:
     assert report(asha, a, 2, 0.9) == CONTINUE
     # Three baselines above it do not fill the rung: one tuned result is no quorum.
     assert report(asha, b, 2, 0.1) == CONTINUE
+
+
+def test_sgds_lr_up_variants_run_to_the_end_and_other_candidates_do_not() -> None:
+    """The best and second-best recipe at a higher LR in their larger-batch stages
+    (``recipe_lr_up``, ``runner_up_lr_up``) are behind at the rungs and ahead at the end:
+    ASHA neither stops nor counts them. Another LR variant behind a full rung stops."""
+    asha = scheduler()
+    a, b, c = add(asha, "a", "b", "c")
+    for trial, value in ((a, 0.9), (b, 0.8), (c, 0.7)):
+        assert report(asha, trial, 2, value) == CONTINUE
+    for i, name in enumerate(UNJUDGED_VARIANTS):
+        up = FakeTrial(name, {META_KEY: TrialMeta(10 + i, None, {}, candidate=name).to_dict()})
+        asha.on_trial_add(NO_CONTROLLER, cast(Any, up))
+        assert report(asha, up, 2, 0.1) == CONTINUE
+        assert report(asha, up, 6, 0.1) == CONTINUE
+    half = FakeTrial(
+        RECIPE_LR_HALF, {META_KEY: TrialMeta(12, None, {}, candidate=RECIPE_LR_HALF).to_dict()}
+    )
+    asha.on_trial_add(NO_CONTROLLER, cast(Any, half))
+    assert report(asha, half, 2, 0.1) == STOP
+    # The two left out of the rung: its fourth result is the stopped one.
+    (d,) = add(asha, "d")
+    assert report(asha, d, 2, 0.95) == CONTINUE
+    assert set(UNJUDGED_VARIANTS) == {RECIPE_LR_UP, RUNNER_UP_LR_UP}
