@@ -384,9 +384,9 @@ def test_adamw_batch_warmup_grows_the_lr_by_the_square_root_rule_and_cools_down(
 
 def test_the_lr_variants_bracket_a_schedules_lr_and_keep_everything_else() -> None:
     """For SGD the LR moved up (the first stage's multiplier doubled, every stage at a larger
-    batch than the first at 3x: at mnist1d's 1/5 cap 98.95 % test on ten seeds against the
-    recipe's 98.79) and every stage's halved; batches, stages, warm-ups and decays stay; on
-    the space's grid and within its range."""
+    batch than the first and not cut below the first's LR at 3x: at mnist1d's 1/5 cap 98.95 %
+    test on ten seeds against the recipe's 98.79) and every stage's halved; batches, stages,
+    warm-ups and decays stay; on the space's grid and within its range."""
     spec = StudySpec.from_yaml(SPEC)
     space = ScheduleSpace.from_spec(spec.resolve(DEFAULTS))
     recipe = recipes(SPEC)[FITTED_INCREASE]
@@ -400,11 +400,17 @@ def test_the_lr_variants_bracket_a_schedules_lr_and_keep_everything_else() -> No
         return [st.lr_multiplier for st in variants[name].stages]
 
     assert LATER_LR_FACTOR == 3.0
-    assert lrs(RECIPE_LR_UP) == [2.0, 0.75, 0.75]
+    # The increase recipe's later stages are its LR cuts (the larger batch stands for a
+    # decay): left at their LR, so the up-variant doubles the first stage alone.
+    assert lrs(RECIPE_LR_UP) == [2.0, 0.25, 0.25]
+    # The batch warm-up recipe's larger batch holds the rule's LR: tripled.
+    warmup = recipes(SPEC)[FITTED_BATCH_WARMUP]
+    assert [st.lr_multiplier for st in warmup.stages] == [1.0, 1.0]
+    up = dict(lr_variants(space, warmup))[RECIPE_LR_UP]
+    assert [st.lr_multiplier for st in up.stages] == [2.0, LATER_LR_FACTOR]
     assert lrs(RECIPE_LR_HALF) == [0.5, 0.25, 0.25] == [max(low, m / 2) for m in mults]
     assert high > 2.0  # nothing clipped at the top
-    # The batch warm-up recipe's later stage at the range's top: clipped there.
-    warmup = recipes(SPEC)[FITTED_BATCH_WARMUP]
+    # The batch warm-up recipe's later stage near the range's top: clipped there.
     high_later = replace(
         warmup,
         stages=(warmup.stages[0], *(replace(st, lr_multiplier=2.0) for st in warmup.stages[1:])),
