@@ -109,11 +109,11 @@ recipe 98.9 % at the end), so SGD's up-variants are left unjudged by ASHA
 (:data:`UNJUDGED_VARIANTS`): at most two trials of a study run to the end that would have
 stopped at a rung. The increase recipe's later stages are left at their cut LR: tripled, they
 lost everywhere they were measured (at mnist1d's 30-epoch cap 98.35 % validation against the
-recipe's 98.75; in the efficiency bench's five studies 0.5-1.8 points behind the batch warm-up
-recipe's variant; in the README's demo 97.05 against 98.05 on the search seed and 97.80 +/-
-0.26 against 98.50 +/- 0.18 on three fresh seeds). Every stage from the first batch increase on
-doubled was tried as a third variant of each recipe and not kept: behind early, ASHA stopped it
-before its end (docs/design.md).
+recipe's 98.75; in three of the efficiency bench's studies 98.10 / 98.20 / 97.05 % against
+98.65 / 98.65 / 98.25 left at their cut LR; in the README's demo 97.05 against 98.05 on the
+search seed and 97.80 +/- 0.26 against 98.50 +/- 0.18 on three fresh seeds). Every stage from
+the first batch increase on doubled was tried as a third variant of each recipe and not kept:
+behind early, ASHA stopped it before its end (docs/design.md).
 
 **The order.** Where the batch warm-up recipe is built (under a step cap), it trains first and
 the increase recipe second (:data:`RECIPES`); elsewhere the constant recipe first
