@@ -89,10 +89,10 @@ BASELINE_LABELS: Final[Mapping[str, str]] = {
     "fitted_batch_warmup": "budget-fitted batch warm-up",
     "recipe_lr_half": "best recipe at half the LR",
     "recipe_first_lr_double": "best recipe at twice the first stage's LR",
-    "recipe_lr_up": "best recipe at twice the first stage's LR, 3x the later batches'",
+    "recipe_lr_up": "best recipe, LR up: first stage 2x, uncut larger batches 3x",
     "runner_up_lr_half": "second-best recipe at half the LR",
     "runner_up_first_lr_double": "second-best recipe at twice the first stage's LR",
-    "runner_up_lr_up": "second-best recipe at twice the first stage's LR, 3x the later batches'",
+    "runner_up_lr_up": "second-best recipe, LR up: first stage 2x, uncut larger batches 3x",
 }
 
 #: An incremental poll (``since``) re-sends trials finished this long before ``since``
