@@ -67,7 +67,13 @@ class Mnist1dOptions(TaskOptions):
         default=5000, ge=100, le=200_000, multiple_of=10, description="Training samples."
     )
     num_val_samples: int = Field(
-        default=2000, ge=100, le=100_000, multiple_of=10, description="Validation samples."
+        default=8000,
+        ge=100,
+        le=100_000,
+        multiple_of=10,
+        description="Validation samples (what a study ranks schedules on: 8,000 read one run "
+        "to about 0.12 point at 98.9 %, 2,000 to about 0.23, more than the differences "
+        "between the schedules near the best).",
     )
     num_test_samples: int = Field(
         default=8000, ge=100, le=100_000, multiple_of=10, description="Held-out test samples."

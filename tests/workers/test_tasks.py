@@ -313,7 +313,7 @@ def test_validate_options_fills_in_defaults() -> None:
     assert get_task("mnist1d").validate_options(None) == {
         "data_seed": 0,
         "num_train_samples": 5000,
-        "num_val_samples": 2000,
+        "num_val_samples": 8000,
         "num_test_samples": 8000,
         "width": 32,
     }
@@ -325,7 +325,7 @@ def test_validate_options_fills_in_defaults() -> None:
 
 def test_mnist1d_default_splits(mnist1d_default: TaskData) -> None:
     data = mnist1d_default
-    assert (data.num_train, data.num_val, data.num_test) == (5000, 2000, 8000)
+    assert (data.num_train, data.num_val, data.num_test) == (5000, 8000, 8000)
     assert data.input_shape == (1, 40)
     assert data.train_x.shape == (5000, 1, 40)
     assert data.train_x.dtype == torch.float32
