@@ -462,6 +462,11 @@ def study_header(study: StudyRecord, now: datetime) -> dict[str, Any]:
             # the finalist as good as the result within the seeds' noise (tuner.seeds.lead;
             # the banner shows it where it does not show the note, which repeats it)
             "lead_note": lead.get("note") if isinstance(lead.get("note"), str) else None,
+            # the lead is finer than one run on the validation split reads (an accuracy
+            # study; tuner.objectives.split_resolution): shown beside the lead the same way
+            "split_note": (
+                lead.get("split_note") if isinstance(lead.get("split_note"), str) else None
+            ),
             "best_is_baseline": bool(summary.get("best_is_baseline", False)),
             "search": search_text(summary) or None,
             "total_epochs": _spec_total_epochs(study.spec),

@@ -613,6 +613,8 @@ class TuningEngine:
         optuna_study_name: the Optuna study's name in that storage.
         train_size: training samples of the task (needed for step / mean-batch constraints and
             to check that batches fit the dataset).
+        val_size: validation samples of the task: the result says when the seed-robust pick's
+            lead is smaller than one run on a split this size reads (accuracy studies).
         callbacks: Tune callbacks (progress persistence, display); they stay in this process
             (a relay is what the experiment directory holds), also for a restored experiment.
         should_stop: polled every controller step; true stops the experiment (cancel).
@@ -636,6 +638,7 @@ class TuningEngine:
         optuna_storage: str | None,
         optuna_study_name: str,
         train_size: int | None = None,
+        val_size: int | None = None,
         callbacks: Sequence[tune.Callback] = (),
         should_stop: Callable[[], bool] | None = None,
         max_concurrent: int | None = None,
@@ -651,6 +654,7 @@ class TuningEngine:
         self.optuna_storage = optuna_storage
         self.optuna_study_name = optuna_study_name
         self.train_size = train_size
+        self.val_size = val_size
         self.callbacks = list(callbacks)
         self.seed_callbacks = list(seed_callbacks)
         self.should_stop = should_stop
@@ -1236,6 +1240,7 @@ class TuningEngine:
             seed_runs=stats,
             seeds=seeds if stats else (),
             tie_break=self.resolved.spec.budget.tie_break,
+            val_size=self.val_size,
             extra={
                 "space": self.space.describe(),
                 "budget": self.budget,

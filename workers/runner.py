@@ -151,6 +151,15 @@ def resolve_spec(spec: StudySpec) -> tuple[ResolvedSpec, int]:
     return resolved, int(data.num_train)
 
 
+def validation_size(spec: StudySpec) -> int:
+    """The task's validation-split size for ``spec`` (its data is cached in-process by the
+    time :func:`resolve_spec` ran): the study result says when the finalists differ by less
+    than one run on a split this size can read (:func:`tuner.objectives.split_resolution`)."""
+    from workers.tasks import get_task
+
+    return int(get_task(spec.task).load_data(spec.task_options, seed=spec.seed).num_val)
+
+
 def _default_storage_path() -> Path:
     from tuner.settings import get_settings
 
@@ -212,6 +221,7 @@ def run_study(
             optuna_storage=url,
             optuna_study_name=optuna_study_name(study_id),
             train_size=train_size,
+            val_size=validation_size(spec),
             callbacks=[StoreProgress(url, study_id, objective, train_size=train_size), *callbacks],
             seed_callbacks=callbacks,
             should_stop=watch,

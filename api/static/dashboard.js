@@ -322,7 +322,8 @@
     if (st.status === "completed") {
       html = "<strong>Study completed" + (S.wasLive ? " just now" : "") + ".</strong>" +
         '<span class="banner-detail">' + bestText + (st.note && (st.best_is_baseline || !best) ? " " + esc(capitalize(st.note)) + "." : "") +
-        (st.lead_note && best && !st.best_is_baseline ? ' <span id="study-lead">' + esc(st.lead_note) + ".</span>" : "") + "</span>" + search;
+        (st.lead_note && best && !st.best_is_baseline ? ' <span id="study-lead">' + esc(st.lead_note) + ".</span>" : "") +
+        (st.split_note && best && !st.best_is_baseline ? ' <span id="study-split">' + esc(st.split_note) + ".</span>" : "") + "</span>" + search;
     } else if (st.status === "failed") {
       html = "<strong>Study failed" + (S.wasLive ? " just now" : "") + ".</strong>" +
         '<span class="banner-detail">' + esc(st.error || "no error message recorded") + "</span>";

@@ -324,6 +324,11 @@ def test_the_header_carries_a_finalist_that_ties_the_result_within_the_seeds_noi
         }
     )
     assert dd.study_header(tied, NOW)["lead_note"] == tie
+    assert dd.study_header(tied, NOW)["split_note"] is None
+    # A lead finer than the validation split reads (tuner.objectives.split_resolution).
+    split = "The validation split holds 2,000 samples: one run there reads accuracy to ..."
+    fine = study(summary={"seed_runs": {"lead": {**lead, "note": tie, "split_note": split}}})
+    assert dd.study_header(fine, NOW)["split_note"] == split
     # A pick made for fewer steps (budget.tie_break: fewer_steps) trails the best mean within
     # noise: never a clear lead, so its sentence is shown too.
     cheaper = "Picked for fewer optimizer steps within the seeds' noise: tuned trial 12 has ..."

@@ -7,7 +7,13 @@ import dataclasses
 
 import pytest
 
-from tuner.objectives import StudyObjective, TrialOutcome, search_text, summarize
+from tuner.objectives import (
+    StudyObjective,
+    TrialOutcome,
+    search_text,
+    split_resolution,
+    summarize,
+)
 from tuner.seeds import (
     SeedStats,
     finalists,
@@ -386,6 +392,7 @@ def test_the_cheapest_of_several_tied_finalists_is_picked_and_failures_still_com
 
 def test_a_lead_is_oriented_by_the_metric_and_skips_failed_and_unstable_runners_up() -> None:
     loss = objective("task: digits\nobjective: {kind: accuracy, metric: val_loss}")
+    assert loss.metric == "val_loss"
     a = SeedStats(1, None, (10, 11, 12), (2.40, 2.50, 2.45), (2.40, 2.50, 2.45), 8.0, steps=124)
     b = SeedStats(
         2, "large_batch", (10, 11, 12), (2.45, 2.48, 2.47), (2.45, 2.48, 2.47), 8.0, steps=40
@@ -436,3 +443,38 @@ def test_a_lead_is_oriented_by_the_metric_and_skips_failed_and_unstable_runners_
     assert behind.mean < 2 * behind.std / 3**0.5  # within noise on the mean alone
     assert behind.steadier
     assert behind.clear
+
+
+def test_a_lead_finer_than_the_validation_split_reads_is_reported_with_what_to_change() -> None:
+    """Seeds average the training noise, not the validation split's: every run is scored on
+    the same samples. When the pick leads its runner-up by less than one run on the split can
+    read (binomial), the note says so and names the fix; a split large enough stays silent."""
+    obj = objective()
+    longer, shorter, stats = _tie()  # finalists 0.0003 apart at about 0.987 validation accuracy
+    assert split_resolution(0.989, 2000) == pytest.approx(0.00233, abs=1e-5)
+    assert split_resolution(0.989, 8000) == pytest.approx(0.00117, abs=1e-5)
+    with pytest.raises(ValueError, match="at least 1 sample"):
+        split_resolution(0.9, 0)
+    small = summarize([shorter, longer], obj, seed_runs=stats, seeds=S, val_size=2000)
+    expected = (
+        "The validation split holds 2,000 samples: one run there reads accuracy to about "
+        "± 0.0025 at 0.9870 (binomial), more than the difference between the pick and tuned "
+        "trial 12 (0.0003 over the fresh seeds)"
+    )
+    assert expected in small["note"]
+    assert "num_val_samples" in small["note"]
+    assert small["seed_runs"]["lead"]["split_note"].startswith("The validation split holds 2,000")
+    assert small["seed_runs"]["val_size"] == 2000
+    # A split that reads finer than the lead, an unknown split, a loss study: no sentence.
+    huge = summarize([shorter, longer], obj, seed_runs=stats, seeds=S, val_size=10_000_000)
+    assert "validation split" not in huge["note"]
+    assert huge["seed_runs"]["lead"]["split_note"] is None
+    assert (
+        "validation split"
+        not in summarize([shorter, longer], obj, seed_runs=stats, seeds=S)["note"]
+    )
+    loss = objective("task: digits\nobjective: {kind: accuracy, metric: val_loss}")
+    assert (
+        "validation split"
+        not in summarize([shorter, longer], loss, seed_runs=stats, seeds=S, val_size=2000)["note"]
+    )

@@ -25,6 +25,7 @@ from tuner.spec import StudySpec
 from tuner.store.records import StudyStatus, TrialRecord, TrialStatus
 from tuner.store.storage import StudyStore
 from workers.runner import optuna_study_name, print_result, run_study, tune_spec
+from workers.tasks import get_task
 
 pytestmark = [
     pytest.mark.ray,
@@ -105,6 +106,9 @@ def test_a_small_digits_study_end_to_end(
     seeded = summary["seed_runs"]
     assert len(seeded["seeds"]) == 3
     assert spec.seed not in seeded["seeds"]
+    # The task's validation split, against which the note weighs the pick's lead.
+    digits = get_task("digits").load_data(spec.task_options, seed=spec.seed)
+    assert seeded["val_size"] == digits.num_val > 0
 
     def by_search_run(pool: list[TrialRecord]) -> list[int]:
         done = [t for t in pool if t.status is TrialStatus.COMPLETED]
