@@ -760,8 +760,9 @@ def _split_note(
     """For an accuracy study whose validation split is known: when the seed-robust pick's
     lead over its runner-up is smaller than :func:`split_resolution` of one run on that
     split, a sentence saying so and what to change; else "". Seeds average the training
-    noise, not the split's: on mnist1d's former 2,000-sample split two schedules 0.05 point
-    apart there tested 0.2 point apart on 8,000 held-out samples."""
+    noise, not the split's: on mnist1d's former 2,000-sample split a schedule that read 0.05
+    point under two others in single runs tested 0.2 point above the one picked, on 8,000
+    held-out samples (``bench/README.md`` section 1)."""
     if (
         ahead is None
         or robust is None
