@@ -779,11 +779,10 @@ def _split_note(
         return ""
     return (
         f"The validation split holds {val_size:,} samples: one run there reads accuracy to "
-        f"about ± {reads:.4f} at {accuracy:.4f} (binomial), more than the difference between "
-        f"the pick and {_runner_up_name(ahead)} ({abs(ahead.mean):.4f} over the fresh seeds), "
-        "and seeds do not average that out (every run is scored on the same samples): their "
-        "order may follow which samples the split holds; a larger validation split (the "
-        "task's option, e.g. num_val_samples) ranks them better"
+        f"about ± {reads:.4f} at {accuracy:.4f} (binomial), more than the pick's difference "
+        f"from {_runner_up_name(ahead)} ({abs(ahead.mean):.4f} over the fresh seeds); more "
+        "seeds do not shrink that (every run is scored on the same samples), a larger "
+        "validation split does (the task's option, e.g. num_val_samples)"
     )
 
 

@@ -458,8 +458,8 @@ def test_a_lead_finer_than_the_validation_split_reads_is_reported_with_what_to_c
     small = summarize([shorter, longer], obj, seed_runs=stats, seeds=S, val_size=2000)
     expected = (
         "The validation split holds 2,000 samples: one run there reads accuracy to about "
-        "± 0.0025 at 0.9870 (binomial), more than the difference between the pick and tuned "
-        "trial 12 (0.0003 over the fresh seeds)"
+        "± 0.0025 at 0.9870 (binomial), more than the pick's difference from tuned trial 12 "
+        "(0.0003 over the fresh seeds); more seeds do not shrink that"
     )
     assert expected in small["note"]
     assert "num_val_samples" in small["note"]
