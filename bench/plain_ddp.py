@@ -74,21 +74,24 @@ def _ddp_worker(
 
 
 def plain_ddp(task: str, options: dict[str, Any], batch: int, epochs: int) -> list[float]:
-    """Samples/s per epoch of plain DDP over 2 processes (rank 0's clock)."""
+    """Samples/s per epoch of plain DDP over 2 processes (rank 0's clock). The reference loop
+    is torch's own: a rank killed by a signal (not an error in the loop, which raises) is
+    measured again once, and said so."""
+    from torch.multiprocessing.spawn import ProcessExitedException
 
-    from torch.multiprocessing.spawn import ProcessExitedException, spawn
+    try:
+        return _plain_ddp_once(task, options, batch, epochs)
+    except ProcessExitedException as exc:
+        if exc.signal_name is None:
+            raise
+        print(f"plain DDP at batch {batch}: {exc}; measuring it again", file=sys.stderr)
+        return _plain_ddp_once(task, options, batch, epochs)
 
-    for attempt in (1, 2):
-        with tempfile.TemporaryDirectory(prefix="stagetune-ddp-") as tmp:
-            init_file = str(Path(tmp, "rendezvous"))
-            try:
-                spawn(_ddp_worker, args=(init_file, task, options, batch, epochs, tmp), nprocs=2)  # type: ignore[no-untyped-call]
-            except ProcessExitedException as exc:
-                # The reference loop is torch's own; a rank killed by a signal (not an error
-                # in the loop, which raises) is measured again once, and said so.
-                if attempt == 2 or exc.signal_name is None:
-                    raise
-                print(f"plain DDP at batch {batch}: {exc}; measuring it again", file=sys.stderr)
-                continue
-            return [float(v) for v in Path(tmp, "rank0.txt").read_text().split()]
-    raise AssertionError("unreachable")
+
+def _plain_ddp_once(task: str, options: dict[str, Any], batch: int, epochs: int) -> list[float]:
+    from torch.multiprocessing.spawn import spawn
+
+    with tempfile.TemporaryDirectory(prefix="stagetune-ddp-") as tmp:
+        init_file = str(Path(tmp, "rendezvous"))
+        spawn(_ddp_worker, args=(init_file, task, options, batch, epochs, tmp), nprocs=2)  # type: ignore[no-untyped-call]
+        return [float(v) for v in Path(tmp, "rank0.txt").read_text().split()]

@@ -309,11 +309,9 @@ def lr_variants(space: ScheduleSpace, schedule: Schedule) -> list[tuple[str, Sch
         )
         return LATER_LR_FACTOR if raised else 1.0
 
+    up_name, half_name = lr_variant_names(space)[:2]
     out: list[tuple[str, Schedule]] = []
-    for name, factor in (
-        (RECIPE_LR_UP if sgd else RECIPE_FIRST_LR_DOUBLE, up),
-        (RECIPE_LR_HALF, lambda i, st: 0.5),
-    ):
+    for name, factor in ((up_name, up), (half_name, lambda i, st: 0.5)):
         stages = tuple(
             replace(
                 st,

@@ -131,6 +131,14 @@ def resolve_spec(spec: StudySpec) -> tuple[ResolvedSpec, int]:
     The task's model is built and run on two samples (``check_model``): a model with the
     wrong output fails here, naming the task, not in every trial.
     """
+    resolved, train_size, _ = _resolve_with_sizes(spec)
+    return resolved, train_size
+
+
+def _resolve_with_sizes(spec: StudySpec) -> tuple[ResolvedSpec, int, int]:
+    """:func:`resolve_spec`, with the validation split's size too (from the same load): the
+    study result says when the finalists differ by less than one run on a split this size
+    can read (:func:`tuner.objectives.split_resolution`)."""
     from workers.tasks import get_task
     from workers.tasks.base import check_model
 
@@ -148,16 +156,7 @@ def resolve_spec(spec: StudySpec) -> tuple[ResolvedSpec, int]:
     resolved = spec.resolve(defaults)
     data = task.load_data(spec.task_options, seed=spec.seed)
     check_model(task, spec.task_options, data)
-    return resolved, int(data.num_train)
-
-
-def validation_size(spec: StudySpec) -> int:
-    """The task's validation-split size for ``spec`` (its data is cached in-process by the
-    time :func:`resolve_spec` ran): the study result says when the finalists differ by less
-    than one run on a split this size can read (:func:`tuner.objectives.split_resolution`)."""
-    from workers.tasks import get_task
-
-    return int(get_task(spec.task).load_data(spec.task_options, seed=spec.seed).num_val)
+    return resolved, int(data.num_train), int(data.num_val)
 
 
 def _default_storage_path() -> Path:
@@ -206,7 +205,7 @@ def run_study(
     watch = StudyWatch(url, study_id, worker_id=worker_id, poll_s=poll_s)
     try:
         spec = StudySpec.from_dict(study.spec)
-        resolved, train_size = resolve_spec(spec)
+        resolved, train_size, val_size = _resolve_with_sizes(spec)
         objective = StudyObjective.of(spec, resolved.total_epochs)
         if trainable is None:
             from workers.trainable import ScheduleTrainable
@@ -221,7 +220,7 @@ def run_study(
             optuna_storage=url,
             optuna_study_name=optuna_study_name(study_id),
             train_size=train_size,
-            val_size=validation_size(spec),
+            val_size=val_size,
             callbacks=[StoreProgress(url, study_id, objective, train_size=train_size), *callbacks],
             seed_callbacks=callbacks,
             should_stop=watch,
