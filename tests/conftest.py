@@ -3,11 +3,17 @@
 Database fixtures give each test a fresh, empty database: a SQLite file under ``tmp_path``
 or a newly created PostgreSQL database on the local server (dropped afterwards). Tests that
 take ``db_url`` run once against each backend.
+
+The session caches generated task data (``workers.tasks.disk_cache``) in a directory of its
+own, removed at its end: every process the tests start inherits ``STAGETUNE_CACHE_DIR``, so
+mnist1d is generated once per session, and nothing is written to the user's cache.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +23,21 @@ import pytest
 PG_SERVER_URL = os.environ.get(
     "STAGETUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
+
+
+_SESSION_CACHE: str | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _SESSION_CACHE
+    if "STAGETUNE_CACHE_DIR" not in os.environ:
+        _SESSION_CACHE = tempfile.mkdtemp(prefix="stagetune-test-cache-")
+        os.environ["STAGETUNE_CACHE_DIR"] = _SESSION_CACHE
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SESSION_CACHE is not None:
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 def _pg_conninfo(sqlalchemy_url: str) -> str:

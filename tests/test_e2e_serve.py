@@ -5,7 +5,6 @@ then SIGTERM stops the server and its dispatcher cleanly."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.environ import environ_without
 from tuner.schedule import Schedule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def server(tmp_path: Path, ray_session: None) -> Iterator[Server]:
     import ray
 
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGETUNE_")}
+    env = environ_without("STAGETUNE_")
     env.update(
         PYTHONPATH=str(REPO),
         STAGETUNE_DATA_DIR=str(tmp_path / "data"),  # the embedded SQLite default lives here

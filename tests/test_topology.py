@@ -46,6 +46,8 @@ import httpx
 import pytest
 import yaml
 
+from tests.environ import environ_without
+
 REPO = Path(__file__).resolve().parents[1]
 ROLE_SCRIPT = REPO / "deploy" / "stagetune-role"
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -256,7 +258,7 @@ def test_dockerfile_is_one_non_root_image_with_the_role_entrypoint() -> None:
 
 def test_role_script_errors_are_one_line_with_exit_2() -> None:
     def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "STAGETUNE_"))}
+        clean = environ_without("RAY_", "STAGETUNE_")
         return subprocess.run(
             [str(ROLE_SCRIPT), *args],
             env={**clean, **env},
@@ -328,7 +330,7 @@ def test_compose_file_is_valid_for_docker_compose(tmp_path: Path) -> None:
         done = subprocess.run(
             [*command, *profiles, "-f", str(tmp_path / "docker-compose.yml"), "config"],
             cwd=tmp_path,
-            env={k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "STAGETUNE_"))},
+            env=environ_without("RAY_", "STAGETUNE_"),
             capture_output=True,
             text=True,
             timeout=120,
@@ -437,7 +439,7 @@ class Topology:
         return f"http://127.0.0.1:{self.api_port}"
 
     def env(self, **extra: str) -> dict[str, str]:
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "STAGETUNE_"))}
+        clean = environ_without("RAY_", "STAGETUNE_")
         return {
             **clean,
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",

@@ -2,13 +2,16 @@
 
 The embedded default keeps everything under ``./stagetune-data``: a SQLite database, Ray
 Tune's experiment directories and the datasets root (``STAGETUNE_DATASETS_DIR``, default
-``<STAGETUNE_DATA_DIR>/datasets``) that path-valued task options must stay inside.
+``<STAGETUNE_DATA_DIR>/datasets``) that path-valued task options must stay inside. Data a
+task generates is cached per machine under ``STAGETUNE_CACHE_DIR`` (default
+``~/.cache/stagetune``; ``workers.tasks.disk_cache``).
 Production points ``STAGETUNE_DATABASE_URL`` at PostgreSQL and ``RAY_ADDRESS`` (Ray's own
 variable) at a cluster.
 """
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
@@ -40,6 +43,16 @@ class Settings(BaseSettings):
         default=None,
         description="The datasets root: path-valued task options (cifar10's data_dir) must lie "
         "inside it; relative ones are resolved against it. Default: data_dir/datasets.",
+    )
+    cache_dir: Path | None = Field(
+        default=None,
+        description="Where data a task generates (mnist1d's splits) is cached on disk, shared "
+        "by every process of the machine. Default: $XDG_CACHE_HOME/stagetune, else "
+        "~/.cache/stagetune.",
+    )
+    data_cache: bool = Field(
+        default=True,
+        description="Cache generated task data on disk (false: every process generates it).",
     )
 
     # API
@@ -89,6 +102,19 @@ class Settings(BaseSettings):
     def resolved_datasets_dir(self) -> Path:
         """The datasets root as an absolute path, symlinks resolved."""
         return (self.datasets_dir or self.data_dir / "datasets").resolve()
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        """The cache directory as an absolute path."""
+        if self.cache_dir is not None:
+            return self.cache_dir.expanduser().resolve()
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        if xdg and Path(xdg).is_absolute():
+            return (Path(xdg) / "stagetune").resolve()
+        try:
+            return (Path.home() / ".cache" / "stagetune").resolve()
+        except RuntimeError:  # no home directory (a bare service account): beside the data
+            return (self.data_dir / "cache").resolve()
 
     @property
     def tokens(self) -> list[str]:

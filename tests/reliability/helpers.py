@@ -24,6 +24,7 @@ import httpx
 from pydantic import SecretStr
 from sqlalchemy import Engine, text
 
+from tests.environ import environ_without
 from tuner.schedule import Schedule, Stage
 from tuner.settings import Settings
 from tuner.store import StudyStore, TrialStatus
@@ -172,7 +173,7 @@ def free_port() -> int:
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for a child process: no STAGETUNE_* from the developer's shell."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGETUNE_")}
+    env = environ_without("STAGETUNE_")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(extra or {})

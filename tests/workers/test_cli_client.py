@@ -27,6 +27,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.environ import environ_without
 from tuner.noise_candidate import noise_scale_step_floor
 from tuner.schedule import Schedule, Stage
 from tuner.store import StudyStatus, StudyStore, TrialStatus
@@ -127,7 +128,7 @@ def _serve(workdir: Path) -> Iterator[Server]:
 
 
 def cli_env(token: str | None = TOKEN, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGETUNE_")}
+    env = environ_without("STAGETUNE_")
     env.update({"COLUMNS": "200", "NO_COLOR": "1"})
     if token is not None:
         env["STAGETUNE_API_TOKEN"] = token
@@ -489,7 +490,7 @@ def test_submit_wait_against_serve_prints_progress_and_the_best_schedule(tmp_pat
     embedded dispatcher on a local Ray instance) runs the study for real."""
     marker = uuid.uuid4().hex
     port = free_port()
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "STAGETUNE_"))}
+    clean = environ_without("RAY_", "STAGETUNE_")
     env = {
         **clean,
         MARKER_VAR: marker,

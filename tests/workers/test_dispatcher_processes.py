@@ -5,7 +5,6 @@ raises, with the error message."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.environ import environ_without
 from tuner.spec import StudySpec
 from tuner.store import StudyStatus, StudyStore, TrialStatus
 from tuner.store.migrate import upgrade
@@ -56,7 +56,7 @@ def _schedule() -> dict[str, Any]:
 
 
 def env(**extra: str) -> dict[str, str]:
-    out = {k: v for k, v in os.environ.items() if not k.startswith("STAGETUNE_")}
+    out = environ_without("STAGETUNE_")
     out["PYTHONPATH"] = str(REPO)
     out.update(extra)
     return out

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.environ import environ_without
 from tuner.errors import ValidationError
 from tuner.spec import StudySpec
 from workers.tasks import get_task, task_names, unregister_task
@@ -143,7 +144,7 @@ def test_stagetune_tune_runs_a_study_of_the_example_task_file(
     spec["schedule"]["total_epochs"] = 2
     spec["budget"] = {"trials": 4, "seed_runs": 0, "early_stopping": False, "max_concurrent": 2}
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGETUNE_")}
+    env = environ_without("STAGETUNE_")
     env.update(
         STAGETUNE_DATA_DIR=str(tmp_path / "data"),
         RAY_ADDRESS=ray.get_runtime_context().gcs_address,
@@ -220,7 +221,7 @@ def test_a_study_whose_every_trial_fails_ends_with_an_error_saying_why(
         "budget: {trials: 2, seed_runs: 0, early_stopping: false, max_failures: 0}\n",
         encoding="utf-8",
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGETUNE_")}
+    env = environ_without("STAGETUNE_")
     env.update(
         STAGETUNE_DATA_DIR=str(tmp_path / "data"),
         RAY_ADDRESS=ray.get_runtime_context().gcs_address,

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.environ import environ_without
+
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "examples" / "task-plugin"
 
@@ -58,7 +60,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def env_with(site: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGETUNE_")}
+    env = environ_without("STAGETUNE_")
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO), env.get("PYTHONPATH", "")])
     return env
 

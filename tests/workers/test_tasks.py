@@ -60,7 +60,7 @@ def assert_same_data(a: TaskData, b: TaskData) -> None:
 
 @pytest.fixture(scope="module")
 def mnist1d_default() -> TaskData:
-    """The default mnist1d data set (5,000 / 2,000 / 8,000), generated once for the module."""
+    """The default mnist1d data set (5,000 / 8,000 / 8,000), generated once for the module."""
     return load_tensors(get_task("mnist1d"), {}, seed=0)
 
 
