@@ -275,6 +275,42 @@ def test_a_study_on_a_trial_epoch_budget_completes_with_fewer_trials(
     assert f"the trials spent {spent:,.1f} of a 14 trial-epoch budget" in console.export_text()
 
 
+def test_study_1_of_a_new_database_trains_its_own_trials_on_a_used_storage_path(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """A user deletes ``stagetune.db`` (or points ``--database-url`` elsewhere) and runs
+    again: the new database's study 1 shares the storage path with the old study 1's Ray
+    Tune experiment. It must train its own spec, not resume the old directory and report the
+    old study's trials as its own (each study's directory carries its creation time)."""
+    storage = tmp_path / "ray"
+    base = SPEC.replace(
+        "budget: {trials: 6, grace_period_epochs: 2, reduction_factor: 2, seed_runs: 0}",
+        "budget: {trials: 2, seed_runs: 0, early_stopping: false}\nbaselines: false",
+    )
+    old = tune_spec(
+        StudySpec.from_yaml(base.replace("total_epochs: 4", "total_epochs: 2")),
+        f"sqlite:///{tmp_path / 'old.db'}",
+        tmp_path / "old.yaml",
+        storage_path=storage,
+        quiet=True,
+    )
+    new_url = f"sqlite:///{tmp_path / 'new.db'}"
+    new = tune_spec(
+        StudySpec.from_yaml(base.replace("trials: 2", "trials: 3")),
+        new_url,
+        tmp_path / "new.yaml",
+        storage_path=storage,
+        quiet=True,
+    )
+    assert old.study_id == new.study_id == 1
+    assert new.status is StudyStatus.COMPLETED
+    with StudyStore(new_url) as store:
+        trials = store.list_trials(1).items
+    assert len(trials) == 3  # this spec's budget, not the old study's 2 trials
+    assert {t.epochs_done for t in trials} == {4}  # its 4 epochs, not the old study's 2
+    assert len([p for p in storage.glob("study-1-*") if "." not in p.name]) == 2
+
+
 PBT_SPEC = """
 task: digits
 name: digits-pbt
