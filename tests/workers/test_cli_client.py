@@ -352,6 +352,22 @@ def test_help_has_one_style() -> None:
     assert re.search(r"Usage: stagetune export \[OPTIONS\] \W?STUDY", export)
 
 
+def test_the_command_list_gives_each_command_one_unbroken_summary() -> None:
+    """``stagetune --help`` on a wide terminal: each command's summary on its own line,
+    not cut where its docstring's source line ended (``... next check (its`` / ``trials so
+    far ...``)."""
+    done = stagetune("--help", env={**cli_env(), "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    lines = {
+        m.group(1): m.group(2).strip()
+        for m in re.finditer(r"^│ (\w+)\s{2,}(.*?)│?$", done.stdout, re.M)
+    }
+    assert set(ALL_COMMANDS) - {""} <= set(lines), done.stdout
+    assert lines["cancel"].endswith("(its trials so far and the summary of what ran are kept).")
+    assert lines["delete"].endswith("must be cancelled first (`stagetune cancel`).")
+    assert lines["replay"].endswith("recorded in the YAML's provenance.")
+
+
 def test_a_bad_option_value_is_a_usage_error_with_exit_2() -> None:
     done = stagetune("status", "--limit", "0", "--url", "http://127.0.0.1:9")
     assert done.returncode == 2

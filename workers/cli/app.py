@@ -80,7 +80,7 @@ def build_command() -> Any:
     """The command tree of :data:`app` (Typer's own copy of click), with one help style:
     flags show no value, a value shows as its name in capitals (``--url URL``, ``STUDY``),
     as well-kept CLIs do (Typer would print each parameter's Python type: ``<bool>``,
-    ``<list[str]>``)."""
+    ``<list[str]>``); each command a one-line summary in the command list."""
     root: Any = typer.main.get_command(app)
 
     def tidy(command: Any) -> None:
@@ -95,6 +95,10 @@ def build_command() -> Any:
                 # Typer prints an argument's Python type after its name: the name says it.
                 param.display_type_rich = lambda ctx: None
         for sub in getattr(command, "commands", {}).values():
+            if sub.short_help is None and sub.help:
+                # The command list shows the help's first paragraph with its line breaks,
+                # which wrap mid-sentence there: one line per command instead.
+                sub.short_help = " ".join(sub.help.split("\n\n")[0].split())
             tidy(sub)
 
     tidy(root)
