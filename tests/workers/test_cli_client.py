@@ -368,6 +368,32 @@ def test_the_command_list_gives_each_command_one_unbroken_summary() -> None:
     assert lines["replay"].endswith("recorded in the YAML's provenance.")
 
 
+def test_a_command_that_exits_with_a_code_makes_the_process_exit_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The console entry point: a command ending in ``typer.Exit(code)`` (``replay
+    --tolerance`` beyond the tolerance, an interrupted ``tune``) exits the process with that
+    code, not 0 (click, without standalone mode, returns it instead of exiting)."""
+    import typer
+
+    from workers.cli.app import app, main
+
+    @app.command("exit-with")
+    def exit_with(code: int) -> None:
+        raise typer.Exit(code)
+
+    try:
+        for code in (1, 130):
+            monkeypatch.setattr(sys, "argv", ["stagetune", "exit-with", str(code)])
+            with pytest.raises(SystemExit) as exited:
+                main()
+            assert exited.value.code == code
+        monkeypatch.setattr(sys, "argv", ["stagetune", "exit-with", "0"])
+        main()  # returns: the process exits 0
+    finally:
+        app.registered_commands.pop()
+
+
 def test_a_bad_option_value_is_a_usage_error_with_exit_2() -> None:
     done = stagetune("status", "--limit", "0", "--url", "http://127.0.0.1:9")
     assert done.returncode == 2

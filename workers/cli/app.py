@@ -108,7 +108,11 @@ def build_command() -> Any:
 def main() -> None:
     """Console entry point (``stagetune``)."""
     try:
-        build_command().main(standalone_mode=False)
+        # Without standalone mode click *returns* the code of a ``typer.Exit(code)`` raised in
+        # a command (``replay --tolerance``, an interrupted ``tune``) instead of exiting.
+        code = build_command().main(standalone_mode=False)
+        if isinstance(code, int) and code != EXIT_OK:
+            sys.exit(code)
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except typer.Abort:
