@@ -68,6 +68,7 @@ __all__ = [
     "optuna_study_name",
     "print_result",
     "resolve_spec",
+    "resume_hint",
     "run_study",
     "tune_spec",
 ]
@@ -457,7 +458,9 @@ def tune_spec(
             callbacks=[printer],
         )
         path: Path | None = None
-        if result.best_number is not None:
+        # An interrupted study (queued again) has no result yet: its best so far is not
+        # written where the result goes.
+        if result.best_number is not None and result.status is not StudyStatus.QUEUED:
             record = store.get_study(study.id)
             trial = store.get_trial(study.id, result.best_number)
             path = Path(out_path)
@@ -474,9 +477,51 @@ def tune_spec(
             schedule_path=path,
         )
         print_result(result, out)
+        if result.status is StudyStatus.QUEUED:
+            hint = resume_hint(
+                result.study_id, database_url, out_path, own_tasks=trainable is not None
+            )
+            # One unbroken line (no markup): the commands in it are copied as printed.
+            out.print(hint, soft_wrap=True, markup=False, highlight=False)
         return result
     finally:
         store.close()
+
+
+def resume_hint(
+    study_id: int,
+    database_url: str,
+    out_path: str | os.PathLike[str],
+    *,
+    own_tasks: bool = False,
+) -> str:
+    """What a local user runs to finish an interrupted study (``stagetune tune`` stopped
+    with Ctrl-C: the study is queued again with its finished trials kept) and write its
+    schedule. The database's password is not printed. ``own_tasks``: the run trained tasks
+    of a task file, which ``stagetune worker`` does not load."""
+    import shlex
+
+    if own_tasks:
+        return (
+            f"study {study_id} was interrupted and is queued, its finished trials kept; "
+            "`stagetune worker` does not load a task file, so run `stagetune tune` again "
+            "for a result (a new study)"
+        )
+
+    from sqlalchemy.engine import make_url
+
+    try:
+        shown = make_url(database_url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy parses: shown as given
+        shown = database_url
+    url = shlex.quote(shown)
+    return (
+        f"study {study_id} was interrupted and is queued, its finished trials kept; to finish "
+        f"it, run from this directory `STAGETUNE_DATABASE_URL={url} stagetune worker --once` "
+        "(it resumes the study without training its finished trials again), then "
+        f"`stagetune export {study_id} --database-url {url} -o "
+        f"{shlex.quote(str(out_path))}` writes its schedule"
+    )
 
 
 def _quiet_ray_output() -> None:

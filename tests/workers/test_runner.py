@@ -18,6 +18,7 @@ import pytest
 import ray
 import yaml
 
+from tests.environ import environ_without
 from tests.seed_pick import checked_pick
 from tuner.export import export_schedule, validate_document
 from tuner.schedule import Schedule
@@ -309,6 +310,84 @@ def test_study_1_of_a_new_database_trains_its_own_trials_on_a_used_storage_path(
     assert len(trials) == 3  # this spec's budget, not the old study's 2 trials
     assert {t.epochs_done for t in trials} == {4}  # its 4 epochs, not the old study's 2
     assert len([p for p in storage.glob("study-1-*") if "." not in p.name]) == 2
+
+
+def test_ctrl_c_on_stagetune_tune_queues_the_study_and_its_hint_finishes_it(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """Ctrl-C on ``stagetune tune`` after a trial finished: exit 130, no schedule file for
+    an unfinished study, and a hint whose commands, run as printed, finish the study without
+    training its finished trial again and write its schedule."""
+    import re
+    import shlex
+
+    spec = SPEC.replace(
+        "budget: {trials: 6, grace_period_epochs: 2, reduction_factor: 2, seed_runs: 0}",
+        "budget: {trials: 5, early_stopping: false, seed_runs: 0, max_concurrent: 1}",
+    )
+    (tmp_path / "spec.yaml").write_text(spec, encoding="utf-8")
+    stagetune = str(Path(sys.executable).with_name("stagetune"))
+    env = environ_without("STAGETUNE_")
+    env.update(
+        RAY_ADDRESS=ray.get_runtime_context().gcs_address, PYTHONUNBUFFERED="1", COLUMNS="100"
+    )
+    proc = subprocess.Popen(
+        [stagetune, "tune", "spec.yaml"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if re.search(r"\[\s*1/5\] trial", line):
+                proc.send_signal(signal.SIGINT)
+                break
+        lines.extend(proc.stdout)
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    output = "".join(lines)
+    assert proc.returncode == 130, f"exit {proc.returncode}\n{output[-4000:]}"
+    assert not (tmp_path / "best-schedule.yaml").exists()
+    hint = re.search(r"run from this directory `(.+?)`.*then `(.+?)` writes", output)
+    assert hint is not None, output[-4000:]
+    worker_cmd, export_cmd = shlex.split(hint.group(1)), shlex.split(hint.group(2))
+    assert worker_cmd[1:] == ["stagetune", "worker", "--once"], hint.group(1)
+    url = worker_cmd[0].removeprefix("STAGETUNE_DATABASE_URL=")
+    with StudyStore(url) as store:
+        assert store.get_study(1).status is StudyStatus.QUEUED
+        before = _finished(store, 1)
+    assert before, output[-4000:]
+
+    done = subprocess.run(
+        [stagetune, *worker_cmd[2:]],
+        cwd=tmp_path,
+        env={**env, "STAGETUNE_DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    with StudyStore(url) as store:
+        assert store.get_study(1).status is StudyStatus.COMPLETED
+        after = _finished(store, 1)
+    assert len(after) == 5
+    for number, record in before.items():
+        assert after[number] == record, f"trial {number} trained again after the resume"
+    exported = subprocess.run(
+        [stagetune, *export_cmd[1:]], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert exported.returncode == 0, exported.stderr
+    validate_document(yaml.safe_load((tmp_path / "best-schedule.yaml").read_text()), export=True)
 
 
 PBT_SPEC = """

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from workers.cli.app import app
+from workers.cli.app import EXIT_INTERRUPTED, app
 
 DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "mnist1d.yaml"
 
@@ -23,6 +23,7 @@ def _run_spec_file(
     from tuner.errors import StagetuneError
     from tuner.settings import get_settings
     from tuner.spec import StudySpec
+    from tuner.store.records import StudyStatus
     from workers.runner import tune_spec
 
     if not spec_path.is_file():
@@ -40,6 +41,9 @@ def _run_spec_file(
     reason = result.no_result_reason()
     if reason is not None:
         raise StagetuneError(reason)  # exit code 1: the run ended, without a schedule
+    if result.status is StudyStatus.QUEUED:
+        # Interrupted (Ctrl-C): queued again, no result yet; tune_spec printed how to resume.
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 @app.command()
