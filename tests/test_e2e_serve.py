@@ -164,6 +164,19 @@ def test_submit_run_and_download_the_best_schedule(server: Server, tmp_path: Pat
     assert schedule.provenance is not None
     assert schedule.provenance["study_id"] == study_id
 
+    # Deleting the study removes its Ray Tune experiment (and the files beside it) from the
+    # storage path too: the embedded dispatcher does it at its next look for work.
+    storage = tmp_path / "data" / "ray"
+    left = sorted(storage.glob(f"study-{study_id}-*"))
+    assert left, sorted(storage.iterdir())
+    with httpx.Client(timeout=30) as http:
+        assert http.delete(f"{api}/studies/{study_id}", headers=auth).status_code == 204
+        assert http.get(f"{api}/studies/{study_id}").status_code == 404
+    deadline = time.monotonic() + 60
+    while any(p.exists() for p in left):
+        assert time.monotonic() < deadline, (left, server.output())
+        time.sleep(0.5)
+
     # SIGTERM: the server and its embedded dispatcher exit cleanly.
     dispatchers = children(server.process.pid)
     assert dispatchers, server.output()

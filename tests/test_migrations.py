@@ -50,7 +50,12 @@ def optuna_version(url: str) -> str | None:
 
 
 def test_our_tables_are_prefixed_and_versioned_apart_from_optuna() -> None:
-    expected = {"stagetune_studies", "stagetune_trials", "stagetune_trial_metrics"}
+    expected = {
+        "stagetune_studies",
+        "stagetune_trials",
+        "stagetune_trial_metrics",
+        "stagetune_study_leftovers",
+    }
     assert expected == OUR_TABLES
     assert VERSION_TABLE == "stagetune_alembic_version"
 

@@ -116,6 +116,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CHECKPOINT_PERIOD_ENV: Final = "TUNE_GLOBAL_CHECKPOINT_S"
+#: Checkpoints Tune keeps per PBT trial (the newest): a clone reads its donor's checkpoint of
+#: the perturbation, a resume the trial's own latest. Ray warns that 2 or fewer can delete a
+#: donor's checkpoint before a paused clone restores from it; its PBT examples keep 4.
+PBT_CHECKPOINTS_KEPT: Final = 4
+
 #: Config key of a PBT trial's own settings (schedule, metadata), unpacked by the trainable.
 PBT_TRIAL_KEY: Final = "pbt_trial"
 #: Config key of a seed run (``{"seed": .., "seeds": .., "runs": ..}``); trainables ignore it.
@@ -587,6 +592,19 @@ def set_aside(path: Path, reason: str) -> Path:
     return target
 
 
+def checkpoint_bytes(experiment: Path) -> int:
+    """Bytes of the trial checkpoints (``<trial>/checkpoint_*``) in a Tune experiment."""
+    total = 0
+    for checkpoint in experiment.glob("*/checkpoint_*"):
+        for parent, _dirs, files in os.walk(checkpoint):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(parent, name)).st_size
+                except FileNotFoundError:  # Tune deleted an old one meanwhile
+                    continue
+    return total
+
+
 @contextmanager
 def _checkpoint_every_step() -> Iterator[None]:
     previous = os.environ.get(CHECKPOINT_PERIOD_ENV)
@@ -810,6 +828,12 @@ class TuningEngine:
         return {
             "interval_epochs": every,
             "population": self.budget - len(self.baselines),
+            # Tune's trial checkpoints on the storage path when the search ended (the newest
+            # PBT_CHECKPOINTS_KEPT per trial; they go when the study is deleted)
+            "checkpoints": {
+                "bytes": checkpoint_bytes(self.experiment_path),
+                "kept_per_trial": PBT_CHECKPOINTS_KEPT,
+            },
             "lineages": {
                 str(o.number): o.extra.get("pbt_lineage") or []
                 for o in outcomes
@@ -1007,7 +1031,13 @@ class TuningEngine:
             callbacks=[RelayCallback(self.live_key)],
             stop=RunStopper(self.objective, live_key=self.live_key),
             failure_config=tune.FailureConfig(max_failures=self.resolved.spec.budget.max_failures),
-            checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
+            # Only PBT saves trial checkpoints (at its perturbations, to clone a state): Tune
+            # keeps the newest PBT_CHECKPOINTS_KEPT of each trial, which is all a clone or a
+            # resume reads, and deletes the older ones.
+            checkpoint_config=tune.CheckpointConfig(
+                checkpoint_at_end=False,
+                num_to_keep=PBT_CHECKPOINTS_KEPT if self.pbt else None,
+            ),
             verbose=0,
         )
         if self.pbt:

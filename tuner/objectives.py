@@ -936,11 +936,18 @@ def search_text(summary: Mapping[str, Any]) -> str:
     if isinstance(pbt, Mapping):
         lineages = pbt.get("lineages") or {}
         clones = sum(len(v or ()) for v in lineages.values())
-        parts.append(
+        text = (
             f"PBT: a population of {pbt.get('population')} perturbed every "
             f"{pbt.get('interval_epochs')} epochs, {clones} clone{'s' if clones != 1 else ''} "
             "of a better trial's state"
         )
+        saved = pbt.get("checkpoints")
+        if isinstance(saved, Mapping) and isinstance(saved.get("bytes"), int | float):
+            text += (
+                f" (checkpoints: {format_bytes(saved['bytes'])} on disk, the newest "
+                f"{saved.get('kept_per_trial')} per trial)"
+            )
+        parts.append(text)
     prefixes = summary.get("prefixes")
     if isinstance(prefixes, Mapping):
         forks, reused = int(prefixes.get("forks") or 0), int(prefixes.get("epochs_reused") or 0)

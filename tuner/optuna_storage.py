@@ -17,7 +17,7 @@ import optuna
 import sqlalchemy
 
 from tuner.store.engine import SQLITE_BUSY_TIMEOUT_S, SQLITE_FILE_PRAGMAS
-from tuner.store.records import StudyRecord, optuna_study_name
+from tuner.store.records import StudyRecord, optuna_study_names
 
 __all__ = [
     "CANDIDATE_ATTR",
@@ -53,17 +53,8 @@ OBJECTIVE_ATTR: Final = "stagetune_objective"
 
 
 def study_names(study: StudyRecord) -> list[str]:
-    """Names the study's Optuna study may have: the one the engine wrote into the summary,
-    then the one it derives from the study id (a study still running has no summary yet)."""
-    names: list[str] = []
-    summary = study.summary or {}
-    recorded = summary.get("optuna_study")
-    if isinstance(recorded, str) and recorded:
-        names.append(recorded)
-    derived = optuna_study_name(study.id)
-    if derived not in names:
-        names.append(derived)
-    return names
+    """Names the study's Optuna study may have (:func:`tuner.store.records.optuna_study_names`)."""
+    return optuna_study_names(study.id, study.summary)
 
 
 def open_existing(url: str) -> optuna.storages.RDBStorage | None:

@@ -5,7 +5,9 @@ running one whose heartbeat is older than ``stale_after_s`` (its worker died: th
 it over, and the runner resumes it). While :func:`workers.runner.run_study` runs the study on
 Ray (``RAY_ADDRESS`` or a local instance) a background thread heartbeats it every
 ``heartbeat_s``; the runner itself polls ``cancel_requested`` and stops a cancelled study.
-When nothing is queued the dispatcher sleeps ``poll_s`` and looks again.
+When nothing is queued the dispatcher sleeps ``poll_s`` and looks again. Before each look it
+removes what deleted studies left behind (their Ray Tune files on the storage path, their Optuna
+studies: :mod:`tuner.leftovers`).
 
 * If the runner raises, the study is marked ``failed`` with the error message (the runner does
   this itself; the dispatcher makes sure of it), and the dispatcher goes on with the next one.
@@ -40,6 +42,7 @@ from typing import Protocol
 from sqlalchemy.exc import OperationalError
 
 from tuner.errors import ConflictError, InvalidStateError, NotFoundError, StagetuneError
+from tuner.leftovers import remove_leftovers
 from tuner.settings import Settings
 from tuner.store import StudyRecord, StudyStatus, StudyStore
 
@@ -147,6 +150,8 @@ class DispatchStats:
     failed: list[int] = field(default_factory=list)
     released: list[int] = field(default_factory=list)
     interrupted: bool = False
+    leftovers_removed: list[int] = field(default_factory=list)
+    """Deleted studies whose files and Optuna study this dispatcher removed."""
 
 
 class Dispatcher:
@@ -209,6 +214,7 @@ class Dispatcher:
             if self.max_studies is not None and len(self.stats.studies) >= self.max_studies:
                 break
             try:
+                self.remove_leftovers()
                 study = self.run_one()
             except OperationalError as exc:  # the database is unreachable: wait, try again
                 outage_s = min(MAX_OUTAGE_BACKOFF_S, max(self.settings.poll_s, 2 * outage_s))
@@ -222,6 +228,12 @@ class Dispatcher:
                 self._stop.wait(self.settings.poll_s)
         log.info("dispatcher %s stopped after %d studies", self.worker_id, len(self.stats.studies))
         return self.stats
+
+    def remove_leftovers(self) -> None:
+        """Remove what deleted studies left behind: their files on the Ray storage path and
+        their Optuna studies (:func:`tuner.leftovers.remove_leftovers`)."""
+        removal = remove_leftovers(self.store, self.settings.resolved_ray_storage_path)
+        self.stats.leftovers_removed.extend(removal.studies)
 
     def run_one(self) -> StudyRecord | None:
         """Claim one study and run it to its end; returns the study as claimed, ``None`` if

@@ -22,13 +22,11 @@ resumed run continues.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +55,7 @@ from tuner.schedule import Schedule
 from tuner.seeds import seed_text
 from tuner.spec import ResolvedSpec, StudySpec, TaskDefaults
 from tuner.store.records import StudyRecord, StudyStatus, TrialStatus, optuna_study_name
+from tuner.store.records import experiment_name as store_experiment_name
 from tuner.store.storage import StudyStore
 from workers.console import stdout_console
 
@@ -77,15 +76,9 @@ log = logging.getLogger(__name__)
 
 
 def experiment_name(study: StudyRecord) -> str:
-    """The Ray Tune experiment directory of a study (under the Ray storage path):
-    ``study-<id>-<8 hex digits of its creation time>``. The id alone is not unique across
-    databases: a study 1 of a new database (the old file deleted, another
-    ``STAGETUNE_DATABASE_URL``) would otherwise resume another database's study 1 from the
-    same storage path and report that study's trials as its own. Every worker computes the
-    same name from the database row, so a take-over finds the directory."""
-    created = study.created_at.astimezone(UTC).isoformat()
-    token = hashlib.sha256(f"{study.id}:{created}".encode()).hexdigest()[:8]
-    return f"study-{study.id}-{token}"
+    """The study's Ray Tune experiment directory name
+    (:func:`tuner.store.records.experiment_name`)."""
+    return store_experiment_name(study.id, study.created_at)
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,11 @@ def cancel_study(store: StoreDep, study_id: StudyId) -> StudyDetail:
     responses=error_responses(401, 404, 409, 422),
 )
 def delete_study(store: StoreDep, study_id: StudyId) -> Response:
-    """Delete a study with its trials and metrics. 409 while it runs: cancel it first."""
+    """Delete a study with its trials and metrics. 409 while it runs: cancel it first.
+
+    Its files on the Ray storage path (Tune's experiment and checkpoints, the seed runs, the
+    stage-boundary states) and its Optuna study are removed by a worker when it next looks for
+    work (the dispatcher of `stagetune worker` or `stagetune serve`)."""
     store.delete_study(study_id)
     return Response(status_code=204)
 

@@ -28,6 +28,7 @@ from tuner.store import (
     StudyStore,
     TrialRecord,
     TrialStatus,
+    experiment_name,
     normalize_url,
 )
 from tuner.store.engine import load_json
@@ -431,6 +432,44 @@ def test_delete_study_cascades_to_trials_and_metrics(store: StudyStore) -> None:
     queued = store.create_study("synthetic", SPEC, 1)
     store.delete_study(queued.id)
     assert store.list_studies().total == 1
+
+
+def test_a_deleted_study_leaves_a_record_of_its_files_and_optuna_study_for_a_worker(
+    store: StudyStore,
+) -> None:
+    done = running_study(store)
+    store.finish_study(done.id, "completed", summary={"optuna_study": "renamed-by-the-engine"})
+    queued = store.create_study("synthetic", SPEC, 1)
+    assert store.study_leftovers() == []
+
+    store.delete_study(done.id)
+    store.delete_study(queued.id)
+    first, second = store.study_leftovers()
+    assert (first.study_id, second.study_id) == (done.id, queued.id)  # oldest first
+    # the experiment directory every worker derives from the row, and the Optuna studies
+    assert first.experiment == experiment_name(done.id, done.created_at)
+    assert first.experiment.startswith(f"study-{done.id}-")
+    assert first.optuna_studies == ("renamed-by-the-engine", f"stagetune-study-{done.id}")
+    assert second.optuna_studies == (f"stagetune-study-{queued.id}",)
+    assert (first.attempts, first.error) == (0, None)
+    assert [x.study_id for x in store.study_leftovers(limit=1)] == [done.id]
+
+    store.leftovers_not_removed(first.id, "disk on fire")
+    store.leftovers_not_removed(first.id, "still on fire")
+    again = store.study_leftovers()[0]
+    assert (again.attempts, again.error) == (2, "still on fire")
+    store.leftovers_removed(first.id)
+    store.leftovers_removed(first.id)  # a second worker that removed them too
+    assert [x.study_id for x in store.study_leftovers()] == [queued.id]
+
+
+def test_a_refused_delete_records_no_leftovers(store: StudyStore) -> None:
+    study = running_study(store)
+    with pytest.raises(InvalidStateError):
+        store.delete_study(study.id)
+    with pytest.raises(NotFoundError):
+        store.delete_study(999)
+    assert store.study_leftovers() == []
 
 
 def test_deleted_study_ids_are_not_reused(store: StudyStore) -> None:

@@ -283,7 +283,7 @@ def test_cancel_and_delete_through_the_cli(server: Server, tmp_path: Path) -> No
     assert done.stdout.strip() == f"study {queued} cancelled"
     done = stagetune("delete", str(queued), "--url", server.url)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"study {queued} deleted"
+    assert done.stdout.startswith(f"study {queued} deleted; a worker of the service removes")
     assert stagetune("status", str(queued), "--url", server.url).returncode == 3
 
     refused = stagetune("delete", str(running), "--url", server.url)

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from sqlalchemy.exc import OperationalError
 
 from tuner.schedule import Schedule, Stage
 from tuner.settings import Settings
-from tuner.store import StudyStatus, StudyStore, TrialStatus
+from tuner.store import StudyStatus, StudyStore, TrialStatus, experiment_name
 from tuner.store.migrate import upgrade
 from workers.dispatcher import Dispatcher, Heartbeat
 
@@ -218,3 +219,42 @@ def test_database_outage_while_idle_is_retried(store: StudyStore) -> None:
     assert dispatcher.run().studies == [study_id]
     assert flaky.failures == 0
     assert store.get_study(study_id).status is StudyStatus.COMPLETED
+
+
+def test_the_dispatcher_removes_the_files_of_deleted_studies_when_it_looks_for_work(
+    store: StudyStore, tmp_path: Path
+) -> None:
+    deleted, kept = (store.create_study("digits", SPEC, 1) for _ in range(2))
+    config = settings(data_dir=tmp_path)
+    storage = config.resolved_ray_storage_path
+    names = {s.id: experiment_name(s.id, s.created_at) for s in (deleted, kept)}
+    dirs = {
+        sid: [storage / f"{name}{suffix}" for suffix in ("", ".seeds", ".prefixes")]
+        for sid, name in names.items()
+    }
+    for d in (*dirs[deleted.id], *dirs[kept.id]):
+        (d / "checkpoint_000000").mkdir(parents=True)
+        (d / "checkpoint_000000" / "state.pkl").write_bytes(b"x" * 100)
+    store.delete_study(deleted.id)
+
+    stats = Dispatcher(store, config, runner=FakeRunner(), once=True).run()
+    assert stats.leftovers_removed == [deleted.id]
+    assert not any(d.exists() for d in dirs[deleted.id])
+    assert all(d.is_dir() for d in dirs[kept.id])
+    assert stats.studies == [kept.id]  # and the queue ran as before
+    assert store.study_leftovers() == []
+
+
+def test_a_removal_that_fails_does_not_hold_up_the_queue(store: StudyStore, tmp_path: Path) -> None:
+    config = settings(data_dir=tmp_path)
+    config.resolved_ray_storage_path.write_text("a file where the storage path should be")
+    gone = store.create_study("digits", SPEC, 1)
+    store.delete_study(gone.id)
+    waiting = queue(store, 1)
+    stats = Dispatcher(store, config, runner=FakeRunner(), once=True).run()
+    assert stats.studies == waiting
+    assert stats.leftovers_removed == []
+    (record,) = store.study_leftovers()  # kept, with the reason, for the next look
+    assert record.study_id == gone.id
+    assert record.attempts >= 1
+    assert "NotADirectoryError" in (record.error or "")

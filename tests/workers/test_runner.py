@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import optuna
@@ -20,12 +21,22 @@ import yaml
 
 from tests.environ import environ_without
 from tests.seed_pick import checked_pick
+from tuner.engine import checkpoint_bytes
 from tuner.export import export_schedule, validate_document
+from tuner.formatting import format_bytes
+from tuner.leftovers import remove_leftovers
+from tuner.objectives import search_text
 from tuner.schedule import Schedule
 from tuner.spec import StudySpec
 from tuner.store.records import StudyStatus, TrialRecord, TrialStatus
 from tuner.store.storage import StudyStore
-from workers.runner import optuna_study_name, print_result, run_study, tune_spec
+from workers.runner import (
+    experiment_name,
+    optuna_study_name,
+    print_result,
+    run_study,
+    tune_spec,
+)
 from workers.tasks import get_task
 
 pytestmark = [
@@ -466,6 +477,23 @@ def test_a_pbt_study_exports_its_winning_lineage_as_a_schedule(
     exported = export_schedule(store, study.id, number)
     validate_document(exported.to_dict(), export=True)
     assert exported.stages == mine_schedule.stages
+
+    # PBT's checkpoints: the newest four per trial at most, their size in the summary; they
+    # stay after the study, and go with it when it is deleted.
+    experiment = tmp_path / "ray" / experiment_name(study)
+    per_trial = Counter(p.parent for p in experiment.glob("*/checkpoint_*"))
+    assert per_trial, sorted(experiment.iterdir())
+    assert max(per_trial.values()) <= 4
+    saved = summary["pbt"]["checkpoints"]
+    assert saved == {"bytes": checkpoint_bytes(experiment), "kept_per_trial": 4}
+    assert saved["bytes"] > 0
+    assert f"(checkpoints: {format_bytes(saved['bytes'])} on disk" in search_text(summary)
+    store.delete_study(study.id)
+    removal = remove_leftovers(store, tmp_path / "ray")
+    assert removal.studies == [study.id]
+    assert removal.bytes_freed > saved["bytes"]
+    assert not experiment.exists()
+    assert not list((tmp_path / "ray").glob(f"{experiment.name}*"))
 
 
 CHILD = """

@@ -51,6 +51,7 @@ TASK_MAX = 100
 WORKER_ID_MAX = 200
 BASELINE_MAX = 64
 STATUS_MAX = 16
+EXPERIMENT_MAX = 200
 
 TRIAL_SORT_INDEXES = (
     "val_accuracy",
@@ -213,6 +214,22 @@ class TrialMetricRow(Base):
     lr: Mapped[float | None] = mapped_column(Double)
     noise_scale: Mapped[float | None] = mapped_column(Double)
     extra: Mapped[dict[str, Any]] = mapped_column(json_type())
+
+
+class StudyLeftoversRow(Base):
+    """What a deleted study left behind (files on the Ray storage path, Optuna studies) until
+    a worker has removed it. Not a foreign key: the study row is gone."""
+
+    __tablename__ = "stagetune_study_leftovers"
+    __table_args__ = (Index("ix_stagetune_study_leftovers_requested_at", "requested_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study_id: Mapped[int] = mapped_column(Integer)
+    experiment: Mapped[str] = mapped_column(String(EXPERIMENT_MAX))
+    optuna_studies: Mapped[list[str]] = mapped_column(json_type())
+    requested_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    error: Mapped[str | None] = mapped_column(Text)
 
 
 def is_stagetune_table(name: str | None) -> bool:

@@ -6,8 +6,9 @@ private copies: changing one changes nothing in the database.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
@@ -221,6 +222,54 @@ class Page(Generic[T]):
         return self.offset + len(self.items) < self.total
 
 
+@dataclass(frozen=True, slots=True)
+class StudyLeftovers:
+    """What a deleted study left outside its rows, for a worker to remove
+    (:meth:`~tuner.store.storage.StudyStore.delete_study` records it): the study's Ray Tune
+    experiment directory and its neighbours on the storage path (``experiment``, see
+    :func:`experiment_name`) and its Optuna studies in the database (``optuna_studies``)."""
+
+    id: int
+    study_id: int
+    experiment: str
+    optuna_studies: tuple[str, ...]
+    requested_at: datetime
+    attempts: int
+    """Removals tried so far that left something behind (a worker tries again later)."""
+    error: str | None
+    """Why the last attempt left something behind."""
+
+
 def optuna_study_name(study_id: int) -> str:
     """The name of a study's Optuna study, kept in the same database as the study."""
     return f"stagetune-study-{study_id}"
+
+
+def optuna_study_names(study_id: int, summary: dict[str, Any] | None) -> list[str]:
+    """Names a study's Optuna study may have: the one the engine wrote into its summary
+    (``optuna_study``), then the one derived from its id (a study still running has no
+    summary yet)."""
+    names: list[str] = []
+    recorded = (summary or {}).get("optuna_study")
+    if isinstance(recorded, str) and recorded:
+        names.append(recorded)
+    derived = optuna_study_name(study_id)
+    if derived not in names:
+        names.append(derived)
+    return names
+
+
+def experiment_name(study_id: int, created_at: datetime) -> str:
+    """The Ray Tune experiment directory of a study (under the Ray storage path):
+    ``study-<id>-<8 hex digits of a hash of its id and creation time>``; the seed runs,
+    reserves and stage-boundary states sit beside it as ``<name>.seeds``, ``<name>.reserves``
+    and ``<name>.prefixes``. The id alone is not unique across databases: a study 1 of a new
+    database (the old file deleted, another ``STAGETUNE_DATABASE_URL``) would otherwise resume
+    another database's study 1 from the same storage path and report that study's trials as
+    its own. Every worker computes the same name from the database row, so a take-over finds
+    the directory."""
+    if created_at.tzinfo is None:
+        raise ValueError(f"naive datetime {created_at!r}: a study's creation time is UTC")
+    created = created_at.astimezone(UTC).isoformat()
+    token = hashlib.sha256(f"{study_id}:{created}".encode()).hexdigest()[:8]
+    return f"study-{study_id}-{token}"

@@ -69,6 +69,7 @@ from tuner.store.models import (
     TASK_MAX,
     TRIAL_SORT_INDEXES,
     WORKER_ID_MAX,
+    StudyLeftoversRow,
     StudyRow,
     TrialMetricRow,
     TrialRow,
@@ -80,11 +81,14 @@ from tuner.store.records import (
     EpochMetrics,
     EpochOrigin,
     Page,
+    StudyLeftovers,
     StudyRecord,
     StudyStatus,
     TrialCurve,
     TrialRecord,
     TrialStatus,
+    experiment_name,
+    optuna_study_names,
 )
 
 MAX_PAGE_SIZE = 1000
@@ -812,7 +816,11 @@ class StudyStore:
             return self._load_study(session, study_id)
 
     def delete_study(self, study_id: int) -> None:
-        """Delete a study with its trials and metrics. ``InvalidStateError`` while running."""
+        """Delete a study with its trials and metrics. ``InvalidStateError`` while running.
+
+        In the same transaction, what the study left outside its rows (its Ray Tune experiment
+        files, its Optuna study) is recorded as :class:`StudyLeftovers` for a worker to remove
+        (:meth:`study_leftovers`, :meth:`leftovers_removed`)."""
         with self._session(write=True) as session:
             row = self._lock_study(session, study_id, delete=True)
             if row.status == StudyStatus.RUNNING:
@@ -821,7 +829,56 @@ class StudyStore:
                     f"{study_id}`, or POST /api/v1/studies/{study_id}/cancel) and delete it "
                     "once it has stopped"
                 )
+            session.add(
+                StudyLeftoversRow(
+                    study_id=study_id,
+                    experiment=experiment_name(study_id, row.created_at),
+                    optuna_studies=optuna_study_names(study_id, row.summary),
+                    requested_at=self._now(),
+                    attempts=0,
+                )
+            )
             session.execute(delete(StudyRow).where(StudyRow.id == study_id))
+
+    # -- what deleted studies left behind --------------------------------------------------
+
+    def study_leftovers(self, limit: int = 100) -> list[StudyLeftovers]:
+        """What deleted studies left behind that no worker has removed yet, oldest first."""
+        limit, _ = _page_bounds(limit, 0)
+        with self._session(write=False) as session:
+            rows = session.execute(
+                select(StudyLeftoversRow)
+                .order_by(StudyLeftoversRow.requested_at, StudyLeftoversRow.id)
+                .limit(limit)
+            ).scalars()
+            return [
+                StudyLeftovers(
+                    id=row.id,
+                    study_id=row.study_id,
+                    experiment=row.experiment,
+                    optuna_studies=tuple(row.optuna_studies),
+                    requested_at=row.requested_at,
+                    attempts=row.attempts,
+                    error=row.error,
+                )
+                for row in rows
+            ]
+
+    def leftovers_removed(self, leftovers_id: int) -> None:
+        """Forget a deleted study's leftovers: a worker has removed them (also when another
+        worker did so first)."""
+        with self._session(write=True) as session:
+            session.execute(delete(StudyLeftoversRow).where(StudyLeftoversRow.id == leftovers_id))
+
+    def leftovers_not_removed(self, leftovers_id: int, error: str) -> None:
+        """Record that removing a deleted study's leftovers left something behind, and why (a
+        worker tries again at its next look)."""
+        with self._session(write=True) as session:
+            session.execute(
+                update(StudyLeftoversRow)
+                .where(StudyLeftoversRow.id == leftovers_id)
+                .values(attempts=StudyLeftoversRow.attempts + 1, error=_text(error))
+            )
 
     # -- trials ----------------------------------------------------------------------------
 

@@ -585,7 +585,14 @@ def delete(
     token: TokenOption = None,
 ) -> None:
     """Delete a study with its trials and metrics. A running study must be cancelled first
-    (`stagetune cancel`)."""
+    (`stagetune cancel`).
+
+    Its files on the Ray storage path (Tune's experiment and checkpoints, the seed runs, the
+    stage-boundary states) and its Optuna study are removed by a worker of the service when it
+    next looks for work."""
     with ApiClient(url, token) as client:
         client.delete(study)
-    print(f"study {study} deleted")
+    print(
+        f"study {study} deleted; a worker of the service removes its files from the Ray "
+        "storage path when it next looks for work"
+    )

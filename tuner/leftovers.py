@@ -1,0 +1,189 @@
+"""Removing what deleted studies left outside their rows.
+
+A study's rows (trials, metrics) go with it in :meth:`StudyStore.delete_study`; what it left
+elsewhere cannot go in the same transaction, so the delete records it
+(:class:`~tuner.store.records.StudyLeftovers`) and a worker removes it here
+(:func:`remove_leftovers`; the dispatcher does so whenever it looks for work):
+
+* its files on the Ray storage path: the Tune experiment directory ``study-<id>-<token>``
+  and everything named after it (``.seeds``, ``.reserves``, ``.prefixes``, and experiments a
+  restore set aside as ``.unreadable-<time>``), Tune's checkpoints included;
+* its Optuna study in the same database (trials, parameters, attributes).
+
+A removal that leaves something behind (a file system error, the database unreachable) keeps
+its record, with the reason and a count of attempts, and is tried again at the next look.
+Every worker of a deployment shares the storage path (take-overs need it too), so whichever
+worker looks first removes the files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.store.engine import display_url
+from tuner.store.records import StudyLeftovers
+from tuner.store.storage import StudyStore
+
+__all__ = [
+    "LeftoverRemoval",
+    "remove_leftovers",
+    "remove_optuna_studies",
+    "remove_study_files",
+    "study_files",
+]
+
+log = logging.getLogger(__name__)
+
+#: What :func:`tuner.store.records.experiment_name` writes; anything else is never a path.
+_EXPERIMENT = re.compile(r"study-[0-9]+-[0-9a-f]{8}")
+
+
+@dataclass
+class LeftoverRemoval:
+    """What one :func:`remove_leftovers` pass did."""
+
+    studies: list[int] = field(default_factory=list)
+    """Deleted studies whose leftovers are now gone."""
+    bytes_freed: int = 0
+    paths_removed: int = 0
+    optuna_studies_removed: int = 0
+    failed: dict[int, str] = field(default_factory=dict)
+    """Deleted studies whose removal left something behind, with why (tried again later)."""
+
+
+def study_files(storage_path: str | os.PathLike[str], experiment: str) -> list[Path]:
+    """The entries of ``storage_path`` that belong to the experiment ``experiment``: its
+    directory and every neighbour named ``<experiment>.<something>``, sorted."""
+    if not _EXPERIMENT.fullmatch(experiment):
+        raise ValueError(f"{experiment!r} is not a study's experiment name (study-<id>-<token>)")
+    root = Path(storage_path)
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(
+        root / name for name in names if name == experiment or name.startswith(f"{experiment}.")
+    )
+
+
+def _size(path: Path) -> int:
+    """Bytes under ``path`` (symbolic links counted as links, never followed)."""
+    try:
+        if not path.is_dir() or path.is_symlink():
+            return path.lstat().st_size
+    except FileNotFoundError:
+        return 0
+    total = 0
+    for parent, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(parent, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def remove_study_files(storage_path: str | os.PathLike[str], experiment: str) -> tuple[int, int]:
+    """Delete the experiment's entries on the storage path (:func:`study_files`); returns
+    ``(paths removed, bytes freed)``. ``OSError`` naming what is left when one could not be
+    removed (the others are removed all the same)."""
+    removed, freed = 0, 0
+    problems: list[str] = []
+    for path in study_files(storage_path, experiment):
+        size = _size(path)
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as exc:
+            problems.append(f"{path}: {exc.strerror or exc}")
+            continue
+        removed += 1
+        freed += size
+    if problems:
+        raise OSError(f"could not remove {'; '.join(problems)}")
+    return removed, freed
+
+
+def remove_optuna_studies(url: str, names: tuple[str, ...] | list[str]) -> int:
+    """Delete the Optuna studies called ``names`` from the database at ``url`` (names that
+    are not there are skipped); returns how many were deleted."""
+    if not names:
+        return 0
+    from tuner.optuna_storage import open_existing  # imports Optuna: only when needed
+
+    storage = open_existing(url)
+    if storage is None:  # no Optuna tables: the study never sampled a schedule
+        return 0
+    deleted = 0
+    try:
+        for name in names:
+            try:
+                optuna_id = storage.get_study_id_from_name(name)
+            except KeyError:
+                continue
+            storage.delete_study(optuna_id)
+            deleted += 1
+    finally:
+        storage.engine.dispose()
+    return deleted
+
+
+def remove_leftovers(
+    store: StudyStore, storage_path: str | os.PathLike[str], *, limit: int = 100
+) -> LeftoverRemoval:
+    """Remove what up to ``limit`` deleted studies left behind (oldest first): their files on
+    ``storage_path`` and their Optuna studies; each removed completely is forgotten, any other
+    keeps its record with the reason (:meth:`StudyStore.leftovers_not_removed`).
+    Database errors reading the records propagate (the caller retries later)."""
+    done = LeftoverRemoval()
+    for item in store.study_leftovers(limit):
+        try:
+            paths, freed, optuna = _remove(store, storage_path, item)
+        except Exception as exc:  # kept for the next look, with the reason
+            reason = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "could not remove all that deleted study %s left behind (attempt %d): %s",
+                item.study_id,
+                item.attempts + 1,
+                reason,
+            )
+            done.failed[item.study_id] = reason
+            try:
+                store.leftovers_not_removed(item.id, reason)
+            except Exception:  # the record stays as it was: tried again all the same
+                log.exception("could not record the failed removal of study %s", item.study_id)
+            continue
+        store.leftovers_removed(item.id)
+        done.studies.append(item.study_id)
+        done.paths_removed += paths
+        done.bytes_freed += freed
+        done.optuna_studies_removed += optuna
+        log.info(
+            "removed what deleted study %s left behind: %d paths (%d bytes) under %s",
+            item.study_id,
+            paths,
+            freed,
+            storage_path,
+        )
+    return done
+
+
+def _remove(
+    store: StudyStore, storage_path: str | os.PathLike[str], item: StudyLeftovers
+) -> tuple[int, int, int]:
+    paths, freed = remove_study_files(storage_path, item.experiment)
+    url = store.url.render_as_string(hide_password=False)
+    try:
+        optuna = remove_optuna_studies(url, item.optuna_studies)
+    except Exception as exc:
+        raise RuntimeError(
+            f"the Optuna study {', '.join(item.optuna_studies)} in {display_url(store.url)}: {exc}"
+        ) from exc
+    return paths, freed, optuna
