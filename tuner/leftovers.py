@@ -136,14 +136,19 @@ def remove_optuna_studies(url: str, names: tuple[str, ...] | list[str]) -> int:
 
 
 def remove_leftovers(
-    store: StudyStore, storage_path: str | os.PathLike[str], *, limit: int = 100
+    store: StudyStore,
+    storage_path: str | os.PathLike[str],
+    *,
+    limit: int = 100,
+    study_id: int | None = None,
 ) -> LeftoverRemoval:
-    """Remove what up to ``limit`` deleted studies left behind (oldest first): their files on
-    ``storage_path`` and their Optuna studies; each removed completely is forgotten, any other
-    keeps its record with the reason (:meth:`StudyStore.leftovers_not_removed`).
-    Database errors reading the records propagate (the caller retries later)."""
+    """Remove what up to ``limit`` deleted studies (or the deleted study ``study_id``) left
+    behind, oldest first: their files on ``storage_path`` and their Optuna studies. Each
+    removed completely is forgotten; any other keeps its record with the reason
+    (:meth:`StudyStore.leftovers_not_removed`). Database errors reading the records propagate
+    (the caller retries later)."""
     done = LeftoverRemoval()
-    for item in store.study_leftovers(limit):
+    for item in store.study_leftovers(limit, study_id=study_id):
         try:
             paths, freed, optuna = _remove(store, storage_path, item)
         except Exception as exc:  # kept for the next look, with the reason

@@ -30,7 +30,7 @@ import yaml
 from tests.environ import environ_without
 from tuner.noise_candidate import noise_scale_step_floor
 from tuner.schedule import Schedule, Stage
-from tuner.store import StudyStatus, StudyStore, TrialStatus
+from tuner.store import StudyStatus, StudyStore, TrialStatus, experiment_name
 
 # Every test here but the one marked ray talks to an API server without a dispatcher: no Ray.
 pytestmark = [pytest.mark.slow, pytest.mark.ray_free]
@@ -602,3 +602,44 @@ def test_submit_wait_against_serve_prints_progress_and_the_best_schedule(tmp_pat
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert not left, f"processes outlived stagetune serve: {left}"
+
+
+def test_delete_from_a_study_database_removes_the_study_files_at_once(tmp_path: Path) -> None:
+    """``stagetune delete N --database-url URL`` (no service): the study goes from the
+    database and its files from this machine's Ray storage path, with what was freed; a study
+    without files there keeps its record for a worker; a running study and an unknown id are
+    refused with their exit codes."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    data = tmp_path / "data"
+    env = cli_env(STAGETUNE_DATA_DIR=str(data))
+    spec = {"task": "digits", "budget": {"trials": 1}}
+    with StudyStore(url, create=True) as store:
+        ran, elsewhere, running = (store.create_study("digits", spec, 1) for _ in range(3))
+        for _ in range(3):
+            assert store.claim_study("w", 60) is not None
+        for study in (ran, elsewhere):
+            store.finish_study(study.id, "completed")
+    experiment = data / "ray" / experiment_name(ran.id, ran.created_at)
+    paths = [experiment, experiment.with_name(f"{experiment.name}.seeds")]
+    for path in paths:
+        (path / "trial_0" / "checkpoint_000000").mkdir(parents=True)
+        (path / "trial_0" / "checkpoint_000000" / "state.pkl").write_bytes(b"s" * 2048)
+
+    done = stagetune("delete", str(ran.id), "--database-url", url, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        f"study {ran.id} deleted, and its files under {data / 'ray'}: 2 paths, 4.0 KB"
+    )
+    assert not any(p.exists() for p in paths)
+
+    done = stagetune("delete", str(elsewhere.id), "--database-url", url, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"study {elsewhere.id} deleted; no files of it under ")
+    refused = stagetune("delete", str(running.id), "--database-url", url, env=env)
+    assert refused.returncode == 4
+    assert "is running; cancel it first" in refused.stderr
+    unknown = stagetune("delete", "999", "--database-url", url, env=env)
+    assert unknown.returncode == 3
+    with StudyStore(url) as store:
+        assert [x.study_id for x in store.study_leftovers()] == [elsewhere.id]
+        assert store.get_study(running.id).status is StudyStatus.RUNNING

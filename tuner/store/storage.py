@@ -842,14 +842,18 @@ class StudyStore:
 
     # -- what deleted studies left behind --------------------------------------------------
 
-    def study_leftovers(self, limit: int = 100) -> list[StudyLeftovers]:
-        """What deleted studies left behind that no worker has removed yet, oldest first."""
+    def study_leftovers(
+        self, limit: int = 100, *, study_id: int | None = None
+    ) -> list[StudyLeftovers]:
+        """What deleted studies (or the deleted study ``study_id``) left behind that no worker
+        has removed yet, oldest first."""
         limit, _ = _page_bounds(limit, 0)
+        query = select(StudyLeftoversRow)
+        if study_id is not None:
+            query = query.where(StudyLeftoversRow.study_id == _int(study_id, "study_id"))
         with self._session(write=False) as session:
             rows = session.execute(
-                select(StudyLeftoversRow)
-                .order_by(StudyLeftoversRow.requested_at, StudyLeftoversRow.id)
-                .limit(limit)
+                query.order_by(StudyLeftoversRow.requested_at, StudyLeftoversRow.id).limit(limit)
             ).scalars()
             return [
                 StudyLeftovers(

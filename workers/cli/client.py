@@ -583,16 +583,68 @@ def delete(
     study: Annotated[int, typer.Argument(help="The id of the study to delete.")],
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="Delete from this study database directly instead of through a service (e.g. "
+            "the embedded sqlite:///stagetune-data/stagetune.db of `stagetune tune`), and "
+            "remove the study's files under the Ray storage path at once.",
+        ),
+    ] = None,
 ) -> None:
     """Delete a study with its trials and metrics. A running study must be cancelled first
     (`stagetune cancel`).
 
     Its files on the Ray storage path (Tune's experiment and checkpoints, the seed runs, the
     stage-boundary states) and its Optuna study are removed by a worker of the service when it
-    next looks for work."""
+    next looks for work; with --database-url, by this command."""
+    if database_url is not None:
+        _delete_from_database(study, database_url)
+        return
     with ApiClient(url, token) as client:
         client.delete(study)
     print(
         f"study {study} deleted; a worker of the service removes its files from the Ray "
         "storage path when it next looks for work"
+    )
+
+
+def _delete_from_database(study: int, database_url: str) -> None:
+    """``delete --database-url``: the study goes from the database, then its files from the
+    storage path of this machine's settings (``STAGETUNE_RAY_STORAGE_PATH``, else
+    ``<STAGETUNE_DATA_DIR>/ray``). Finding none there, the record stays for a worker that
+    shares the storage path where the study ran."""
+    from tuner.formatting import format_bytes
+    from tuner.leftovers import remove_leftovers, study_files
+    from tuner.settings import get_settings
+    from workers.cli.export import open_study_database
+
+    storage = get_settings().resolved_ray_storage_path
+    store = open_study_database(database_url)
+    try:
+        store.delete_study(study)
+        left = store.study_leftovers(study_id=study)
+        if not left or not study_files(storage, left[0].experiment):
+            print(
+                f"study {study} deleted; no files of it under {storage} (a study that never "
+                "ran has none; one that ran with another storage path has its files removed by "
+                "a `stagetune worker` that uses that path, at its next look for work)"
+            )
+            return
+        removal = remove_leftovers(store, storage, study_id=study)
+    finally:
+        store.close()
+    if study in removal.failed:
+        print(
+            f"study {study} deleted, but its files under {storage} could not all be removed: "
+            f"{removal.failed[study]}; `stagetune worker --once` with this database tries "
+            "again",
+            file=sys.stderr,
+        )
+        raise typer.Exit(1)
+    paths = removal.paths_removed
+    print(
+        f"study {study} deleted, and its files under {storage}: {paths} "
+        f"path{'s' if paths != 1 else ''}, {format_bytes(removal.bytes_freed)}"
     )

@@ -22,7 +22,9 @@ class ExportFormat(StrEnum):
     deepspeed = "deepspeed"
 
 
-def _open_store(database_url: str | None) -> Any:
+def open_study_database(database_url: str | None) -> Any:
+    """The study database at ``database_url`` (default: the settings'), which must exist:
+    ``NotFoundError`` naming what to pass otherwise."""
     from tuner.settings import get_settings
     from tuner.store import StudyStore
     from tuner.store.engine import display_url, normalize_url
@@ -62,7 +64,7 @@ def _fetch(
         return schedule, _what(schedule, study, f"the service at {url}")
     from tuner.store.engine import display_url
 
-    store = _open_store(database_url)
+    store = open_study_database(database_url)
     try:
         schedule = export_schedule(store, study, trial)
         return schedule, _what(schedule, study, f"the database {display_url(store.url)}")
