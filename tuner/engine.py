@@ -448,6 +448,8 @@ def outcome_of(
             "compute_epochs": compute,
             "forked_epochs": int(forked or 0),
             "score": num("score"),
+            # the metric's per-sample spread on the validation split (tasks that tell it)
+            "metric_sd": num(f"{objective.metric}_sd"),
             "candidate": meta.candidate,
             "pbt_lineage": config.get(LINEAGE_KEY),
         },

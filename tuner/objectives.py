@@ -757,33 +757,53 @@ def _split_note(
     val_size: int | None,
     objective: StudyObjective,
 ) -> str:
-    """For an accuracy study whose validation split is known: when the seed-robust pick's
-    lead over its runner-up is smaller than :func:`split_resolution` of one run on that
-    split, a sentence saying so and what to change; else "". Seeds average the training
-    noise, not the split's: on mnist1d's former 2,000-sample split a schedule that read 0.05
-    point under two others in single runs tested 0.2 point above the one picked, on 8,000
-    held-out samples (``bench/README.md`` section 1)."""
+    """For a single-metric study whose validation split is known: when the seed-robust pick's
+    lead over its runner-up is smaller than one run on that split reads the metric, a
+    sentence saying so and what to change; else "". Seeds average the training noise, not the
+    split's: on mnist1d's former 2,000-sample split a schedule that read 0.05 point under two
+    others in single runs tested 0.2 point above the one picked, on 8,000 held-out samples
+    (``bench/README.md`` section 1).
+
+    How finely the split reads: for validation accuracy the binomial :func:`split_resolution`;
+    for any other metric its per-sample standard deviation over the square root of the
+    split's size, where the task reports the spread (``SeedStats.metric_sd``, e.g. a PSNR's
+    per-patch or a language model's per-sequence loss); nothing for a task that does not."""
     if (
         ahead is None
         or robust is None
         or not val_size
         or objective.kind != "accuracy"
-        or objective.metric != "val_accuracy"
+        or robust.accuracy_mean is None
     ):
         return ""
-    accuracy = robust.accuracy_mean
-    if accuracy is None:
+    value = robust.accuracy_mean
+    if objective.metric == "val_accuracy":
+        reads = split_resolution(value, val_size)
+        how = f"accuracy to about ± {reads:.4f} at {value:.4f} (binomial)"
+    elif robust.metric_sd is not None:
+        reads = robust.metric_sd / math.sqrt(val_size)
+        how = (
+            f"{metric_words(objective.metric)} to about ± {_figure(reads)} at {_figure(value)} "
+            f"(its per-sample spread, {_figure(robust.metric_sd)}, over the square root of "
+            "the samples)"
+        )
+    else:
         return ""
-    reads = split_resolution(accuracy, val_size)
     if abs(ahead.mean) >= reads:
         return ""
     return (
-        f"The validation split holds {val_size:,} samples: one run there reads accuracy to "
-        f"about ± {reads:.4f} at {accuracy:.4f} (binomial), more than the pick's difference "
-        f"from {_runner_up_name(ahead)} ({abs(ahead.mean):.4f} over the fresh seeds); more "
-        "seeds do not shrink that (every run is scored on the same samples), a larger "
-        "validation split does (the task's option, e.g. num_val_samples)"
+        f"The validation split holds {val_size:,} samples: one run there reads {how}, more "
+        f"than the pick's difference from {_runner_up_name(ahead)} ({_figure(abs(ahead.mean))} "
+        "over the fresh seeds); more seeds do not shrink that (every run is scored on the "
+        "same samples), a larger validation split does (the task's option, e.g. "
+        "num_val_samples)"
     )
+
+
+def _figure(x: float) -> str:
+    """A metric's figure in a sentence: four decimals below 10 (accuracy, a loss), one above
+    (a PSNR in dB)."""
+    return f"{x:.4f}" if abs(x) < 10 else f"{x:.2f}"
 
 
 def _lead_note(ahead: Lead | None, objective: StudyObjective) -> str:

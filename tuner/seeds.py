@@ -116,6 +116,9 @@ class SeedStats:
     wall_time_s: float | None = None
     reserve: bool = False  # trained because the finalists' pick was unstable (see reserves)
     metric: str = "val_accuracy"
+    # The metric's per-sample standard deviation on the validation split, the mean over the
+    # completed seed runs (None: the task does not report it): how finely the split reads it.
+    metric_sd: float | None = None
 
     @property
     def failed(self) -> int:
@@ -172,6 +175,7 @@ class SeedStats:
             "compute_epochs": round(self.compute_epochs, 3),
             "steps": self.steps,
             "reserve": self.reserve,
+            "metric_sd": self.metric_sd,
         }
 
 
@@ -216,7 +220,14 @@ def seed_stats(
         wall_time_s=mean_of([r.wall_time_s for r in done]),
         reserve=reserve,
         metric=metric,
+        metric_sd=mean_of([_number(r.extra.get("metric_sd")) for r in done]),
     )
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def _evidence(outcome: TrialOutcome, objective: StudyObjective) -> float | None:

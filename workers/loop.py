@@ -70,7 +70,7 @@ from workers.tasks import (
     get_task,
     register_task,
 )
-from workers.tasks.base import Split, collate_pair, evaluate_batches
+from workers.tasks.base import Split, collate_pair, evaluate_batches, metric_spread
 from workers.trial_worker import TrialOOMError
 
 __all__ = [
@@ -503,7 +503,7 @@ class TrialWorker:
             self._measure_noise_scale(epoch, batch)
 
         eval_started = time.perf_counter()
-        metrics = self._evaluate()
+        metrics = self._evaluate(with_spread=True)
         eval_time = time.perf_counter() - eval_started
         if metrics["val_loss"] is None:
             self._diverged = True
@@ -914,10 +914,13 @@ class TrialWorker:
                     dist.all_reduce(buf, op=dist.ReduceOp.SUM)
                     buf.div_(self.world_size)
 
-    def _evaluate(self) -> dict[str, float | None]:
+    def _evaluate(self, *, with_spread: bool = False) -> dict[str, float | None]:
         """Sharded validation: the task's metrics (``val_<name>``) from its summed
         ``eval_sums`` over every rank's shard; ``val_loss`` is None if it is not finite (the
-        trial diverged), as is any other metric that is not finite."""
+        trial diverged), as is any other metric that is not finite. ``with_spread`` adds
+        ``val_<name>_sd``, the per-sample standard deviation of the metrics the task can
+        tell it of (:func:`workers.tasks.base.metric_spread`; how finely the split reads
+        them)."""
         spec = self._require()
         self._sync_buffers()
         nv = self._data.num_val
@@ -952,13 +955,16 @@ class TrialWorker:
         names_ = list(self._task.metrics)
         if count_total <= 0:
             return dict.fromkeys(names_)
-        computed = self._task.metrics_from_sums(
-            dict(zip(keys, values[:-1], strict=True)), count_total
-        )
+        summed = dict(zip(keys, values[:-1], strict=True))
+        computed = self._task.metrics_from_sums(summed, count_total)
         result: dict[str, float | None] = {}
         for name in names_:
             value = float(computed[name.removeprefix("val_")])
             result[name] = value if math.isfinite(value) else None
+        if with_spread and result.get("val_loss") is not None:
+            for name, sd in metric_spread(self._task, summed, count_total).items():
+                if f"val_{name}" in result:
+                    result[f"val_{name}_sd"] = sd
         return result
 
     def _eval_shard(self, lo: int, hi: int, batch: int) -> tuple[dict[str, float], int]:

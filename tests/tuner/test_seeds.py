@@ -478,3 +478,44 @@ def test_a_lead_finer_than_the_validation_split_reads_is_reported_with_what_to_c
         "validation split"
         not in summarize([shorter, longer], loss, seed_runs=stats, seeds=S, val_size=2000)["note"]
     )
+
+
+def _loss_finalists(sd: float | None) -> tuple[list[TrialOutcome], list[SeedStats]]:
+    """Two finalists of a loss study 0.0007 nats apart over the fresh seeds, whose runs report
+    the loss's per-sample spread on the validation split (``metric_sd``; ``None``: not)."""
+
+    def run(number: int, loss: float) -> TrialOutcome:
+        o = dataclasses.replace(outcome(number, loss), val_accuracy=None)
+        return dataclasses.replace(o, extra={**o.extra, "metric_sd": sd})
+
+    a, b = run(1, 2.450), run(2, 2.451)
+    stats = [
+        seed_stats(a, {10: run(1, 2.450), 11: run(1, 2.460), 12: run(1, 2.440)}, S),
+        seed_stats(b, {10: run(2, 2.451), 11: run(2, 2.461), 12: run(2, 2.440)}, S),
+    ]
+    return [a, b], stats
+
+
+def test_a_loss_study_says_when_its_lead_is_finer_than_the_split_reads_the_loss() -> None:
+    """A metric other than accuracy has no binomial reading: the split reads it to its
+    per-sample spread over the square root of the split's size, where the task reports the
+    spread (a language model's per-sequence loss, a PSNR's per-patch)."""
+    loss = objective("task: digits\nobjective: {kind: accuracy, metric: val_loss}")
+    outcomes, stats = _loss_finalists(0.5)
+    assert [s.metric_sd for s in stats] == [0.5, 0.5]
+    assert stats[0].to_dict()["metric_sd"] == 0.5
+    small = summarize(outcomes, loss, seed_runs=stats, seeds=S, val_size=64)
+    assert (
+        "The validation split holds 64 samples: one run there reads validation loss to about "
+        "± 0.0625 at 2.4500 (its per-sample spread, 0.5000, over the square root of the "
+        "samples), more than the pick's difference from tuned trial 2 (0.0007 over the fresh "
+        "seeds)"
+    ) in small["note"]
+    assert small["seed_runs"]["lead"]["split_note"].startswith("The validation split holds 64")
+    # A split that reads finer than the lead, or runs that report no spread: silent.
+    large = summarize(outcomes, loss, seed_runs=stats, seeds=S, val_size=10_000_000)
+    assert large["seed_runs"]["lead"]["split_note"] is None
+    outcomes, unknown = _loss_finalists(None)
+    assert unknown[0].metric_sd is None
+    quiet = summarize(outcomes, loss, seed_runs=unknown, seeds=S, val_size=64)
+    assert quiet["seed_runs"]["lead"]["split_note"] is None

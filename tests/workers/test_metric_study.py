@@ -63,6 +63,8 @@ def test_a_study_of_a_loss_metric_minimises_it_end_to_end(
         last_loss = curve[-1].val_loss
         assert last_loss is not None
         assert curve[-1].extra["val_perplexity"] == pytest.approx(math.exp(last_loss))
+        # and the loss's spread over the 64 validation sequences (how finely they read it)
+        assert 0 < curve[-1].extra["val_loss_sd"] < last_loss
         if trial.status is TrialStatus.COMPLETED:
             assert trial.metric_value == trial.val_loss == curve[-1].val_loss
             assert trial.objective_values == {"val_loss": trial.metric_value}
@@ -73,6 +75,9 @@ def test_a_study_of_a_loss_metric_minimises_it_end_to_end(
     completed = [t for t in trials if t.status is TrialStatus.COMPLETED]
     seeded = summary["seed_runs"]
     finalists = seeded["finalists"]
+    # The finalists' seed runs carry that spread too: the note's reading of the split.
+    assert seeded["val_size"] == 64
+    assert all(f["metric_sd"] is not None and f["metric_sd"] > 0 for f in finalists), finalists
     tuned = sorted(
         (t for t in completed if t.baseline is None), key=lambda t: (t.val_loss, t.steps)
     )

@@ -653,3 +653,50 @@ def test_digits_trains_to_high_accuracy_quickly() -> None:
     _, accuracy = evaluate(model, data.val_x, data.val_y)
     assert accuracy_before < 0.3
     assert accuracy > 0.90
+
+
+def _per_sample_values(task_name: str, out: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    """Each sample's metric values, computed here without the task's sums."""
+    if task_name == "denoise":
+        mse = (out - y).square().flatten(1).mean(dim=1).double()
+        return {"loss": mse, "psnr": -10.0 * torch.log10(mse)}
+    if task_name == "tinylm":
+        ce = nn.functional.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="none")
+        right = (out.argmax(-1) == y).double()
+        return {"loss": ce.view(y.shape).double().mean(-1), "accuracy": right.mean(-1)}
+    ce = nn.functional.cross_entropy(out, y, reduction="none").double()
+    return {"loss": ce, "accuracy": (out.argmax(1) == y).double()}
+
+
+@pytest.mark.parametrize("task_name", ["digits", "denoise", "tinylm"])
+def test_each_task_reports_its_metrics_per_sample_spread_from_its_sums(task_name: str) -> None:
+    """``spread_from_sums``: the standard deviation over the split's samples of each metric
+    that is a mean over them (how finely one run on the split reads it), from the same summed
+    batches as the metrics, equal to the spread of the per-sample values."""
+    from workers.tasks.base import metric_spread
+
+    task = get_task(task_name)
+    gen = torch.Generator().manual_seed(3)
+    n = 96
+    if task_name == "denoise":
+        y = torch.rand(n, 1, 8, 8, generator=gen)
+        out = y + 0.1 * torch.randn(n, 1, 8, 8, generator=gen) * torch.rand(n, 1, 1, 1)
+    elif task_name == "tinylm":
+        y = torch.randint(0, 256, (n, 12), generator=gen)
+        out = torch.randn(n, 12, 256, generator=gen)
+        out.scatter_add_(2, y.unsqueeze(-1), 3.0 * torch.rand(n, 12, 1, generator=gen))
+    else:
+        y = torch.randint(0, 10, (n,), generator=gen)
+        out = torch.randn(n, 10, generator=gen)
+    sums: dict[str, float] = {}
+    for lo in range(0, n, 40):  # in batches, as the loop and its workers add them up
+        for key, value in task.eval_sums(out[lo : lo + 40], y[lo : lo + 40]).items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+    spread = metric_spread(task, sums, n)
+    values = task.metrics_from_sums(sums, n)
+    expected = _per_sample_values(task_name, out, y)
+    assert set(spread) == set(expected)
+    for name, per_sample in expected.items():
+        assert values[name] == pytest.approx(float(per_sample.mean()), rel=1e-5)
+        assert spread[name] == pytest.approx(float(per_sample.std(unbiased=False)), rel=1e-4)
+        assert spread[name] > 0

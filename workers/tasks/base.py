@@ -9,6 +9,7 @@ augmentation) so a concrete task only writes ``_load`` and ``_build``.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -47,7 +48,9 @@ __all__ = [
     "evaluate_sums",
     "evaluate_totals",
     "load_tensors",
+    "metric_spread",
     "parse_options",
+    "sample_std",
     "set_data_cache_size",
     "task_info",
 ]
@@ -681,6 +684,24 @@ class BaseTask(ABC, Generic[OptionsT]):
     def metrics_from_sums(self, sums: Mapping[str, float], count: int) -> dict[str, float]:
         return {"loss": sums["loss"] / count, "accuracy": sums["correct"] / count}
 
+    def spread_from_sums(self, sums: Mapping[str, float], count: int) -> dict[str, float]:
+        """The per-sample standard deviation of the metrics that are means over the split's
+        samples, from the same sums as :meth:`metrics_from_sums` (names without ``val_``;
+        those it cannot tell are left out). One run on ``count`` samples reads such a metric
+        to about ``sd / sqrt(count)``: a study's result says when its pick's lead is finer.
+        Classification: accuracy's binomial ``sqrt(p (1 - p))``, and the cross-entropy's
+        from its summed squares (``loss_sq``) when :meth:`eval_sums` gives them. A task whose
+        :meth:`eval_sums` differs overrides this (or gets nothing from it)."""
+        out: dict[str, float] = {}
+        if count < 1:
+            return out
+        if "correct" in sums:
+            p = min(max(sums["correct"] / count, 0.0), 1.0)
+            out["accuracy"] = math.sqrt(p * (1.0 - p))
+        if "loss" in sums and "loss_sq" in sums:
+            out["loss"] = sample_std(sums["loss"], sums["loss_sq"], count)
+        return out
+
     def _fingerprint(self, opts: OptionsT) -> Hashable:
         """Extra cache-key part, e.g. the stats of files the data is read from."""
         return ()
@@ -779,11 +800,34 @@ def evaluate_metrics(
 
 
 def classification_sums(output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Summed cross-entropy and correct predictions of a batch of logits."""
+    """Summed cross-entropy (and its squares, for its spread) and correct predictions of a
+    batch of logits."""
     return {
         "loss": nn.functional.cross_entropy(output, target, reduction="sum"),
+        "loss_sq": nn.functional.cross_entropy(output, target, reduction="none")
+        .double()
+        .square()
+        .sum(),
         "correct": (output.argmax(dim=1) == target).sum(),
     }
+
+
+def sample_std(total: float, total_sq: float, count: int) -> float:
+    """The standard deviation of ``count`` values from their sum and their sum of squares
+    (population form; 0 where rounding makes the variance negative)."""
+    if count < 1:
+        return math.nan
+    mean = total / count
+    return math.sqrt(max(total_sq / count - mean * mean, 0.0))
+
+
+def metric_spread(task: Task, sums: Mapping[str, float], count: int) -> dict[str, float]:
+    """``task.spread_from_sums(sums, count)`` for a task that has it (:class:`BaseTask`
+    does; a task written to the :class:`Task` protocol alone may not), finite values only."""
+    spread = getattr(task, "spread_from_sums", None)
+    if spread is None:
+        return {}
+    return {k: float(v) for k, v in spread(sums, count).items() if math.isfinite(float(v))}
 
 
 def evaluate_totals(

@@ -59,7 +59,7 @@ import torch
 from torch import nn
 
 from workers.task_options import DenoiseOptions
-from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, derive_seed
+from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, derive_seed, sample_std
 from workers.tasks.models import DnCNN
 
 __all__ = [
@@ -231,10 +231,25 @@ class DenoiseTask(BaseTask[DenoiseOptions]):
 
     def eval_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         mse = per_sample_mse(output, target)
-        return {"mse": mse.sum(), "psnr": psnr(mse).sum()}
+        db = psnr(mse)
+        return {
+            "mse": mse.sum(),
+            "mse_sq": mse.double().square().sum(),
+            "psnr": db.sum(),
+            "psnr_sq": db.double().square().sum(),
+        }
 
     def metrics_from_sums(self, sums: Mapping[str, float], count: int) -> dict[str, float]:
         return {"psnr": sums["psnr"] / count, "loss": sums["mse"] / count}
+
+    def spread_from_sums(self, sums: Mapping[str, float], count: int) -> dict[str, float]:
+        """The per-patch standard deviation of PSNR and of MSE."""
+        out: dict[str, float] = {}
+        if count >= 1 and "psnr_sq" in sums:
+            out["psnr"] = sample_std(sums["psnr"], sums["psnr_sq"], count)
+        if count >= 1 and "mse_sq" in sums:
+            out["loss"] = sample_std(sums["mse"], sums["mse_sq"], count)
+        return out
 
 
 TASK = DenoiseTask()

@@ -54,7 +54,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from tuner.errors import ValidationError
 from workers.task_options import TinyLMOptions
-from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, derive_seed
+from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, derive_seed, sample_std
 
 __all__ = ["TASK", "TinyLMOptions", "TinyLMTask", "TinyTransformerLM", "corpus_topics"]
 
@@ -242,8 +242,30 @@ class TinyLMTask(BaseTask[TinyLMOptions]):
 
     def eval_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         """Summed per-sequence mean cross-entropy and per-sequence next-token accuracy."""
-        correct = (output.argmax(dim=-1) == target).sum(dtype=torch.float64)
-        return {"loss": self.loss(output, target), "correct": correct / target.shape[-1]}
+        length = target.shape[-1]
+        per_sequence = (
+            F.cross_entropy(output.flatten(0, -2), target.flatten(), reduction="none")
+            .view(target.shape)
+            .double()
+            .mean(dim=-1)
+        )
+        right = (output.argmax(dim=-1) == target).double().mean(dim=-1)
+        return {
+            "loss": self.loss(output, target),
+            "loss_sq": per_sequence.square().sum(),
+            "correct": (output.argmax(dim=-1) == target).sum(dtype=torch.float64) / length,
+            "correct_sq": right.square().sum(),
+        }
+
+    def spread_from_sums(self, sums: Mapping[str, float], count: int) -> dict[str, float]:
+        """The per-sequence standard deviation of the loss (nats per byte) and of next-byte
+        accuracy (perplexity is not a mean over sequences)."""
+        out: dict[str, float] = {}
+        if count >= 1 and "loss_sq" in sums:
+            out["loss"] = sample_std(sums["loss"], sums["loss_sq"], count)
+        if count >= 1 and "correct_sq" in sums:
+            out["accuracy"] = sample_std(sums["correct"], sums["correct_sq"], count)
+        return out
 
     def metrics_from_sums(self, sums: Mapping[str, float], count: int) -> dict[str, float]:
         loss = sums["loss"] / count
