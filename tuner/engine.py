@@ -634,7 +634,9 @@ class TuningEngine:
         train_size: training samples of the task (needed for step / mean-batch constraints and
             to check that batches fit the dataset).
         val_size: validation samples of the task: the result says when the seed-robust pick's
-            lead is smaller than one run on a split this size reads (accuracy studies).
+            lead is smaller than one run on a split this size reads.
+        val_size_option: the task option that sets ``val_size`` (``None``: fixed), named in
+            that sentence.
         callbacks: Tune callbacks (progress persistence, display); they stay in this process
             (a relay is what the experiment directory holds), also for a restored experiment.
         should_stop: polled every controller step; true stops the experiment (cancel).
@@ -659,6 +661,7 @@ class TuningEngine:
         optuna_study_name: str,
         train_size: int | None = None,
         val_size: int | None = None,
+        val_size_option: str | None = None,
         callbacks: Sequence[tune.Callback] = (),
         should_stop: Callable[[], bool] | None = None,
         max_concurrent: int | None = None,
@@ -675,6 +678,7 @@ class TuningEngine:
         self.optuna_study_name = optuna_study_name
         self.train_size = train_size
         self.val_size = val_size
+        self.val_size_option = val_size_option
         self.callbacks = list(callbacks)
         self.seed_callbacks = list(seed_callbacks)
         self.should_stop = should_stop
@@ -1273,6 +1277,7 @@ class TuningEngine:
             seeds=seeds if stats else (),
             tie_break=self.resolved.spec.budget.tie_break,
             val_size=self.val_size,
+            val_size_option=self.val_size_option,
             extra={
                 "space": self.space.describe(),
                 "budget": self.budget,

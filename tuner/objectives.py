@@ -594,12 +594,14 @@ def summarize(
     seeds: Sequence[int] = (),
     tie_break: TieBreak = "fewer_steps",
     val_size: int | None = None,
+    val_size_option: str | None = None,
 ) -> dict[str, Any]:
     """The study summary (stored as the study's ``summary`` JSON and printed by the CLI): the
     result, its comparison with each baseline, and counts.
 
     ``val_size`` (the task's validation samples) adds a sentence to the note when the
-    seed-robust pick's lead is finer than one run on the split can read (:func:`_split_note`).
+    seed-robust pick's lead is finer than one run on the split can read (:func:`_split_note`),
+    naming ``val_size_option``, the task option that sets it (``None``: the split is fixed).
 
     With ``seed_runs`` (the finalists' :class:`~tuner.seeds.SeedStats` on ``seeds``) the
     result is the finalist :func:`tuner.seeds.pick` takes over those seeds (the best mean, or
@@ -612,7 +614,8 @@ def summarize(
     robust = pick(seed_runs, objective, tie_break=tie_break) if seed_runs else None
     ahead = lead(seed_runs, objective, tie_break=tie_break) if robust is not None else None
     tie = _lead_note(ahead, objective)  # "" unless the lead is within noise
-    split = _split_note(ahead, robust, val_size, objective)  # "" unless finer than the split
+    # "" unless the lead is finer than the split reads
+    split = _split_note(ahead, robust, val_size, objective, val_size_option)
     if robust is not None:
         best = next((o for o in outcomes if o.number == robust.number), best)
         is_baseline = best is not None and best.baseline is not None
@@ -756,6 +759,7 @@ def _split_note(
     robust: SeedStats | None,
     val_size: int | None,
     objective: StudyObjective,
+    option: str | None = None,
 ) -> str:
     """For a single-metric study whose validation split is known: when the seed-robust pick's
     lead over its runner-up is smaller than one run on that split reads the metric, a
@@ -791,12 +795,17 @@ def _split_note(
         return ""
     if abs(ahead.mean) >= reads:
         return ""
+    fix = (
+        f"a larger validation split does (the task option {option})"
+        if option
+        else "a larger validation split would, and this task's is fixed: take the finalists "
+        "as equally good"
+    )
     return (
         f"The validation split holds {val_size:,} samples: one run there reads {how}, more "
         f"than the pick's difference from {_runner_up_name(ahead)} ({_figure(abs(ahead.mean))} "
-        "over the fresh seeds); more seeds do not shrink that (every run is scored on the "
-        "same samples), a larger validation split does (the task's option, e.g. "
-        "num_val_samples)"
+        f"over the fresh seeds); more seeds do not shrink that (every run is scored on the "
+        f"same samples), {fix}"
     )
 
 

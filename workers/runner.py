@@ -134,14 +134,15 @@ def resolve_spec(spec: StudySpec) -> tuple[ResolvedSpec, int]:
     The task's model is built and run on two samples (``check_model``): a model with the
     wrong output fails here, naming the task, not in every trial.
     """
-    resolved, train_size, _ = _resolve_with_sizes(spec)
+    resolved, train_size, _, _ = _resolve_with_sizes(spec)
     return resolved, train_size
 
 
-def _resolve_with_sizes(spec: StudySpec) -> tuple[ResolvedSpec, int, int]:
-    """:func:`resolve_spec`, with the validation split's size too (from the same load): the
-    study result says when the finalists differ by less than one run on a split this size
-    can read (:func:`tuner.objectives.split_resolution`)."""
+def _resolve_with_sizes(spec: StudySpec) -> tuple[ResolvedSpec, int, int, str | None]:
+    """:func:`resolve_spec`, with the validation split's size too (from the same load) and
+    the option that sets it (``None``: fixed): the study result says when the finalists
+    differ by less than one run on a split this size can read
+    (:func:`tuner.objectives.split_resolution`), and what to change."""
     from workers.tasks import get_task
     from workers.tasks.base import check_model
 
@@ -159,7 +160,8 @@ def _resolve_with_sizes(spec: StudySpec) -> tuple[ResolvedSpec, int, int]:
     resolved = spec.resolve(defaults)
     data = task.load_data(spec.task_options, seed=spec.seed)
     check_model(task, spec.task_options, data)
-    return resolved, int(data.num_train), int(data.num_val)
+    option = getattr(task.options_model, "val_size_option", None)
+    return resolved, int(data.num_train), int(data.num_val), option
 
 
 def _default_storage_path() -> Path:
@@ -208,7 +210,7 @@ def run_study(
     watch = StudyWatch(url, study_id, worker_id=worker_id, poll_s=poll_s)
     try:
         spec = StudySpec.from_dict(study.spec)
-        resolved, train_size, val_size = _resolve_with_sizes(spec)
+        resolved, train_size, val_size, val_option = _resolve_with_sizes(spec)
         objective = StudyObjective.of(spec, resolved.total_epochs)
         if trainable is None:
             from workers.trainable import ScheduleTrainable
@@ -224,6 +226,7 @@ def run_study(
             optuna_study_name=optuna_study_name(study_id),
             train_size=train_size,
             val_size=val_size,
+            val_size_option=val_option,
             callbacks=[StoreProgress(url, study_id, objective, train_size=train_size), *callbacks],
             seed_callbacks=callbacks,
             should_stop=watch,

@@ -53,6 +53,9 @@ class TaskOptions(BaseModel):
 
     metrics: ClassVar[Mapping[str, Literal["max", "min"]]] = CLASSIFICATION_METRICS
     primary_metric: ClassVar[str] = "val_accuracy"
+    #: The option that sets the validation split's size (``None``: the task's split is
+    #: fixed); a study's result names it when its pick's lead is finer than the split reads.
+    val_size_option: ClassVar[str | None] = None
 
     data_seed: int | None = Field(
         default=0,
@@ -66,6 +69,7 @@ class Mnist1dOptions(TaskOptions):
     num_train_samples: int = Field(
         default=5000, ge=100, le=200_000, multiple_of=10, description="Training samples."
     )
+    val_size_option: ClassVar[str | None] = "num_val_samples"
     num_val_samples: int = Field(
         default=8000,
         ge=100,
@@ -122,6 +126,7 @@ MAX_TOTAL_VALUES: Final = 2**28
 
 class SyntheticOptions(TaskOptions):
     num_samples: int = Field(default=10_000, ge=10, le=10_000_000, description="Train samples.")
+    val_size_option: ClassVar[str | None] = "num_val_samples"
     num_val_samples: int = Field(default=2000, ge=1, le=1_000_000, description="Val samples.")
     num_test_samples: int = Field(default=2000, ge=1, le=1_000_000, description="Test samples.")
     num_features: int = Field(default=32, ge=1, le=65_536, description="Input dimension.")
@@ -173,6 +178,7 @@ class TinyLMOptions(TaskOptions):
         le=200_000,
         description="Training sequences, cut at seeded random offsets of the training text.",
     )
+    val_size_option: ClassVar[str | None] = "num_val_sequences"
     num_val_sequences: int = Field(
         default=512, ge=16, le=4096, description="Validation sequences (non-overlapping)."
     )
@@ -204,6 +210,7 @@ class Cifar10Options(TaskOptions):
         description="Trusted directory with data_batch_1..5 and test_batch (python format), "
         "relative to the datasets root (STAGETUNE_DATASETS_DIR) or an absolute path inside it.",
     )
+    val_size_option: ClassVar[str | None] = "num_val_samples"
     num_val_samples: int = Field(
         default=5000, ge=1, le=49_999, description="Validation images carved from training."
     )

@@ -455,14 +455,21 @@ def test_a_lead_finer_than_the_validation_split_reads_is_reported_with_what_to_c
     assert split_resolution(0.989, 8000) == pytest.approx(0.00117, abs=1e-5)
     with pytest.raises(ValueError, match="at least 1 sample"):
         split_resolution(0.9, 0)
-    small = summarize([shorter, longer], obj, seed_runs=stats, seeds=S, val_size=2000)
+    small = summarize(
+        [shorter, longer],
+        obj,
+        seed_runs=stats,
+        seeds=S,
+        val_size=2000,
+        val_size_option="num_val_samples",
+    )
     expected = (
         "The validation split holds 2,000 samples: one run there reads accuracy to about "
         "± 0.0025 at 0.9870 (binomial), more than the pick's difference from tuned trial 12 "
         "(0.0003 over the fresh seeds); more seeds do not shrink that"
     )
     assert expected in small["note"]
-    assert "num_val_samples" in small["note"]
+    assert "a larger validation split does (the task option num_val_samples)" in small["note"]
     assert small["seed_runs"]["lead"]["split_note"].startswith("The validation split holds 2,000")
     assert small["seed_runs"]["val_size"] == 2000
     # A split that reads finer than the lead, an unknown split, a loss study: no sentence.
@@ -512,6 +519,10 @@ def test_a_loss_study_says_when_its_lead_is_finer_than_the_split_reads_the_loss(
         "seeds)"
     ) in small["note"]
     assert small["seed_runs"]["lead"]["split_note"].startswith("The validation split holds 64")
+    assert small["note"].endswith(
+        "a larger validation split would, and this task's is fixed: take the finalists as "
+        "equally good"
+    )
     # A split that reads finer than the lead, or runs that report no spread: silent.
     large = summarize(outcomes, loss, seed_runs=stats, seeds=S, val_size=10_000_000)
     assert large["seed_runs"]["lead"]["split_note"] is None

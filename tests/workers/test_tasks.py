@@ -700,3 +700,34 @@ def test_each_task_reports_its_metrics_per_sample_spread_from_its_sums(task_name
         assert values[name] == pytest.approx(float(per_sample.mean()), rel=1e-5)
         assert spread[name] == pytest.approx(float(per_sample.std(unbiased=False)), rel=1e-4)
         assert spread[name] > 0
+
+
+@pytest.mark.parametrize(
+    ("task_name", "options"),
+    [
+        ("synthetic", {"num_samples": 300, "num_val_samples": 130, "num_test_samples": 50}),
+        ("tinylm", {"num_train_sequences": 64, "num_val_sequences": 48, "width": 16}),
+        ("mnist1d", {"num_train_samples": 500, "num_val_samples": 300}),
+    ],
+)
+def test_the_option_a_task_names_for_its_validation_size_sets_it(
+    task_name: str, options: dict[str, Any]
+) -> None:
+    """A study's note names ``val_size_option`` as the way to a finer-reading split."""
+    task = get_task(task_name)
+    option = task.options_model.val_size_option  # type: ignore[attr-defined]
+    assert option in options
+    assert load_tensors(task, options, 0).num_val == options[option]
+
+
+def test_every_task_names_a_real_option_for_its_validation_size_or_none() -> None:
+    named = {}
+    for name in available_tasks():
+        model = get_task(name).options_model
+        option = getattr(model, "val_size_option", None)
+        assert option is None or option in model.model_fields, (name, option)
+        named[name] = option
+    # digits and denoise have fixed splits (scikit-learn's digits; a grid of image blocks)
+    assert named["digits"] is None
+    assert named["denoise"] is None
+    assert named["cifar10"] == "num_val_samples"
