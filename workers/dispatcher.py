@@ -179,6 +179,7 @@ class Dispatcher:
         self._stop = threading.Event()
         self._running: int | None = None  # the study the runner is working on
         self._interruptible = False  # inside the runner: a shutdown interrupts it
+        self._schema_warned = False  # told once that the schema lacks the leftovers table
 
     # -- control ---------------------------------------------------------------------------
 
@@ -232,7 +233,13 @@ class Dispatcher:
     def remove_leftovers(self) -> None:
         """Remove what deleted studies left behind: their files on the Ray storage path and
         their Optuna studies (:func:`tuner.leftovers.remove_leftovers`)."""
-        removal = remove_leftovers(self.store, self.settings.resolved_ray_storage_path)
+        try:
+            removal = remove_leftovers(self.store, self.settings.resolved_ray_storage_path)
+        except InvalidStateError as exc:  # a schema older than the code: studies still run
+            if not self._schema_warned:
+                self._schema_warned = True
+                log.warning("not removing deleted studies' files: %s", exc)
+            return
         self.stats.leftovers_removed.extend(removal.studies)
 
     def run_one(self) -> StudyRecord | None:

@@ -258,3 +258,21 @@ def test_a_removal_that_fails_does_not_hold_up_the_queue(store: StudyStore, tmp_
     assert record.study_id == gone.id
     assert record.attempts >= 1
     assert "NotADirectoryError" in (record.error or "")
+
+
+def test_a_schema_without_the_leftovers_table_still_runs_studies(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker upgraded before the database (the migrate step not run yet) runs studies as
+    before and says once why it removes no files."""
+    from tuner.store.migrate import downgrade, revisions
+
+    upgrade(db_url)
+    downgrade(db_url, revisions()[-2])
+    with StudyStore(db_url) as store:
+        waiting = queue(store, 2)
+        with caplog.at_level("WARNING", logger="workers.dispatcher"):
+            stats = Dispatcher(store, settings(), runner=FakeRunner(), once=True).run()
+    assert stats.studies == waiting
+    warned = [r for r in caplog.records if "not removing deleted studies' files" in r.message]
+    assert len(warned) == 1
