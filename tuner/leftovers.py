@@ -14,6 +14,12 @@ A removal that leaves something behind (a file system error, the database unreac
 its record, with the reason and a count of attempts, and is tried again at the next look.
 Every worker of a deployment shares the storage path (take-overs need it too), so whichever
 worker looks first removes the files.
+
+:func:`storage_usage` says what every experiment on the storage path takes and whose it is
+(a study of the database, a deleted study's waiting for a worker, or unclaimed: another
+database's on the same path, a study deleted before deletes removed files, an earlier
+version's name), and :func:`remove_unclaimed` frees the unclaimed ones (``stagetune
+storage``).
 """
 
 from __future__ import annotations
@@ -22,18 +28,22 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.store.engine import display_url
-from tuner.store.records import StudyLeftovers
+from tuner.store.records import StudyLeftovers, experiment_name
 from tuner.store.storage import StudyStore
 
 __all__ = [
     "LeftoverRemoval",
+    "StorageEntry",
     "remove_leftovers",
     "remove_optuna_studies",
     "remove_study_files",
+    "remove_unclaimed",
+    "storage_usage",
     "study_files",
 ]
 
@@ -41,6 +51,9 @@ log = logging.getLogger(__name__)
 
 #: What :func:`tuner.store.records.experiment_name` writes; anything else is never a path.
 _EXPERIMENT = re.compile(r"study-[0-9]+-[0-9a-f]{8}")
+#: An entry of the storage path that belongs to a study's experiment: the experiment (or its
+#: name before the token, ``study-<id>``, which earlier versions wrote) and a neighbour suffix.
+_ENTRY = re.compile(r"(study-([0-9]+)(?:-[0-9a-f]{8})?)(?:\..+)?")
 
 
 @dataclass
@@ -92,9 +105,16 @@ def remove_study_files(storage_path: str | os.PathLike[str], experiment: str) ->
     """Delete the experiment's entries on the storage path (:func:`study_files`); returns
     ``(paths removed, bytes freed)``. ``OSError`` naming what is left when one could not be
     removed (the others are removed all the same)."""
+    return _remove_paths(study_files(storage_path, experiment))
+
+
+def _remove_paths(paths: Sequence[Path]) -> tuple[int, int]:
+    """Delete ``paths`` (directories with what they hold; a symbolic link is removed, never
+    followed); ``(paths removed, bytes freed)``, or ``OSError`` naming what is left when one
+    could not be removed (the others are removed all the same)."""
     removed, freed = 0, 0
     problems: list[str] = []
-    for path in study_files(storage_path, experiment):
+    for path in paths:
         size = _size(path)
         try:
             if path.is_dir() and not path.is_symlink():
@@ -192,3 +212,68 @@ def _remove(
             f"the Optuna study {', '.join(item.optuna_studies)} in {display_url(store.url)}: {exc}"
         ) from exc
     return paths, freed, optuna
+
+
+@dataclass(frozen=True)
+class StorageEntry:
+    """One experiment's files on the storage path (the directory and its neighbours)."""
+
+    experiment: str
+    study_id: int
+    paths: tuple[Path, ...]
+    bytes: int
+    owner: str
+    """``"study"``: a study of this database; ``"deleted"``: a deleted study's, waiting for a
+    worker; ``"unclaimed"``: no study of this database has this name (another database's on
+    the same path, one deleted before deletes removed files, or an earlier version's name)."""
+    status: str | None = None
+    """The study's status when ``owner`` is ``"study"``."""
+
+
+def storage_usage(store: StudyStore, storage_path: str | os.PathLike[str]) -> list[StorageEntry]:
+    """Every experiment on ``storage_path`` with its size and whose it is, by study id."""
+    root = Path(storage_path)
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    groups: dict[str, list[Path]] = {}
+    for name in names:
+        match = _ENTRY.fullmatch(name)
+        if match:
+            groups.setdefault(match.group(1), []).append(root / name)
+    studies: dict[str, str] = {}
+    offset = 0
+    while True:
+        page = store.list_studies(limit=1000, offset=offset)
+        for study in page.items:
+            studies[experiment_name(study.id, study.created_at)] = study.status.value
+        offset += len(page.items)
+        if not page.has_more:
+            break
+    deleted = {item.experiment for item in store.study_leftovers(1000)}
+    out = []
+    for experiment, paths in groups.items():
+        match = _ENTRY.fullmatch(experiment)
+        assert match is not None
+        if experiment in studies:
+            owner, status = "study", studies[experiment]
+        else:
+            owner, status = ("deleted" if experiment in deleted else "unclaimed"), None
+        out.append(
+            StorageEntry(
+                experiment=experiment,
+                study_id=int(match.group(2)),
+                paths=tuple(sorted(paths)),
+                bytes=sum(_size(p) for p in paths),
+                owner=owner,
+                status=status,
+            )
+        )
+    return sorted(out, key=lambda e: (e.study_id, e.experiment))
+
+
+def remove_unclaimed(entries: list[StorageEntry]) -> tuple[int, int]:
+    """Delete the ``"unclaimed"`` entries' paths; returns ``(paths removed, bytes freed)``.
+    ``OSError`` naming what is left when one could not be removed."""
+    return _remove_paths([p for e in entries if e.owner == "unclaimed" for p in e.paths])

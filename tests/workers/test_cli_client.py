@@ -643,3 +643,52 @@ def test_delete_from_a_study_database_removes_the_study_files_at_once(tmp_path: 
     with StudyStore(url) as store:
         assert [x.study_id for x in store.study_leftovers()] == [elsewhere.id]
         assert store.get_study(running.id).status is StudyStatus.RUNNING
+
+
+def test_storage_shows_each_studys_files_and_clean_frees_what_no_study_claims(
+    tmp_path: Path,
+) -> None:
+    """``stagetune storage``: every experiment on the storage path with its size and whose it
+    is; ``--clean`` removes the unclaimed ones (and deleted studies' files waiting for a
+    worker) and never a study's of this database."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    data = tmp_path / "data"
+    storage = data / "ray"
+    env = cli_env(STAGETUNE_DATA_DIR=str(data))
+    spec = {"task": "digits", "budget": {"trials": 1}}
+    with StudyStore(url, create=True) as store:
+        kept, gone = (store.create_study("digits", spec, 1) for _ in range(2))
+        names = {s.id: experiment_name(s.id, s.created_at) for s in (kept, gone)}
+        store.delete_study(gone.id)  # its record waits for a worker
+
+    def lay_out(name: str, size: int) -> Path:
+        (storage / name / "trial_0").mkdir(parents=True)
+        (storage / name / "trial_0" / "state.pkl").write_bytes(b"s" * size)
+        return storage / name
+
+    mine = [lay_out(names[kept.id], 4096), lay_out(f"{names[kept.id]}.seeds", 1024)]
+    waiting = lay_out(names[gone.id], 2048)
+    strangers = [lay_out("study-7-0123abcd", 3072), lay_out("study-8", 512)]  # no such studies
+    (storage / "not-a-study").mkdir()
+
+    shown = stagetune("storage", "--database-url", url, env=env)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"Ray storage path {storage}: 4 experiments, 10.5 KB"
+    rows = {line.split()[2]: line for line in lines if "study-" in line and "│" in line}
+    assert "study (queued)" in rows[names[kept.id]]
+    assert "5.0 KB" in rows[names[kept.id]]
+    assert "deleted: a worker removes it" in rows[names[gone.id]]
+    assert "unclaimed" in rows["study-7-0123abcd"]
+    assert "unclaimed" in rows["study-8"]
+    assert lines[-1].startswith("2 unclaimed (3.5 KB): no study of this database has them")
+    assert all(p.exists() for p in (*mine, waiting, *strangers))  # showing removes nothing
+
+    cleaned = stagetune("storage", "--database-url", url, "--clean", env=env)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert cleaned.stdout.splitlines()[-1] == "removed 3 paths, 5.5 KB freed"
+    assert all(p.is_dir() for p in mine)
+    assert not any(p.exists() for p in (waiting, *strangers))
+    assert (storage / "not-a-study").is_dir()
+    with StudyStore(url) as store:
+        assert store.study_leftovers() == []
