@@ -243,18 +243,14 @@ class TinyLMTask(BaseTask[TinyLMOptions]):
     def eval_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         """Summed per-sequence mean cross-entropy and per-sequence next-token accuracy."""
         length = target.shape[-1]
-        per_sequence = (
-            F.cross_entropy(output.flatten(0, -2), target.flatten(), reduction="none")
-            .view(target.shape)
-            .double()
-            .mean(dim=-1)
-        )
-        right = (output.argmax(dim=-1) == target).double().mean(dim=-1)
+        per_token = F.cross_entropy(output.flatten(0, -2), target.flatten(), reduction="none")
+        per_sequence = per_token.view(target.shape).double().mean(dim=-1)
+        hits = output.argmax(dim=-1) == target
         return {
-            "loss": self.loss(output, target),
+            "loss": per_token.sum() / length,
             "loss_sq": per_sequence.square().sum(),
-            "correct": (output.argmax(dim=-1) == target).sum(dtype=torch.float64) / length,
-            "correct_sq": right.square().sum(),
+            "correct": hits.sum(dtype=torch.float64) / length,
+            "correct_sq": hits.double().mean(dim=-1).square().sum(),
         }
 
     def spread_from_sums(self, sums: Mapping[str, float], count: int) -> dict[str, float]:
