@@ -28,7 +28,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,14 +161,18 @@ def remove_leftovers(
     *,
     limit: int = 100,
     study_id: int | None = None,
+    skip: Collection[int] = (),
 ) -> LeftoverRemoval:
     """Remove what up to ``limit`` deleted studies (or the deleted study ``study_id``) left
-    behind, oldest first: their files on ``storage_path`` and their Optuna studies. Each
+    behind, oldest first (but those of the studies in ``skip``: a caller backing off after a
+    failure): their files on ``storage_path`` and their Optuna studies. Each
     removed completely is forgotten; any other keeps its record with the reason
     (:meth:`StudyStore.leftovers_not_removed`). Database errors reading the records propagate
     (the caller retries later)."""
     done = LeftoverRemoval()
     for item in store.study_leftovers(limit, study_id=study_id):
+        if item.study_id in skip:
+            continue
         try:
             paths, freed, optuna = _remove(store, storage_path, item)
         except Exception as exc:  # kept for the next look, with the reason

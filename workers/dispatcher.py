@@ -32,6 +32,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from contextlib import suppress
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 
 #: Longest wait between two claims while the database is unreachable.
 MAX_OUTAGE_BACKOFF_S = 30.0
+#: Longest wait before trying again to remove a deleted study's files after failures.
+LEFTOVERS_MAX_BACKOFF_S = 600.0
 
 __all__ = [
     "DispatchStats",
@@ -180,6 +183,8 @@ class Dispatcher:
         self._running: int | None = None  # the study the runner is working on
         self._interruptible = False  # inside the runner: a shutdown interrupts it
         self._schema_warned = False  # told once that the schema lacks the leftovers table
+        # deleted studies whose files could not be removed: (failures, when to try again)
+        self._removal_failures: dict[int, tuple[int, float]] = {}
 
     # -- control ---------------------------------------------------------------------------
 
@@ -233,14 +238,24 @@ class Dispatcher:
     def remove_leftovers(self) -> None:
         """Remove what deleted studies left behind: their files on the Ray storage path and
         their Optuna studies (:func:`tuner.leftovers.remove_leftovers`)."""
+        now = time.monotonic()
+        waiting = {study for study, (_, at) in self._removal_failures.items() if at > now}
         try:
-            removal = remove_leftovers(self.store, self.settings.resolved_ray_storage_path)
+            removal = remove_leftovers(
+                self.store, self.settings.resolved_ray_storage_path, skip=waiting
+            )
         except InvalidStateError as exc:  # a schema older than the code: studies still run
             if not self._schema_warned:
                 self._schema_warned = True
                 log.warning("not removing deleted studies' files: %s", exc)
             return
         self.stats.leftovers_removed.extend(removal.studies)
+        for study in removal.studies:
+            self._removal_failures.pop(study, None)
+        for study in removal.failed:  # try again later, waiting longer after each failure
+            failures = self._removal_failures.get(study, (0, 0.0))[0] + 1
+            delay = min(LEFTOVERS_MAX_BACKOFF_S, self.settings.poll_s * 2**failures)
+            self._removal_failures[study] = (failures, now + delay)
 
     def run_one(self) -> StudyRecord | None:
         """Claim one study and run it to its end; returns the study as claimed, ``None`` if

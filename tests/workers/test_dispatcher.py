@@ -276,3 +276,24 @@ def test_a_schema_without_the_leftovers_table_still_runs_studies(
     assert stats.studies == waiting
     warned = [r for r in caplog.records if "not removing deleted studies' files" in r.message]
     assert len(warned) == 1
+
+
+def test_a_failing_removal_is_tried_again_less_and_less_often(
+    store: StudyStore, tmp_path: Path
+) -> None:
+    """An idle dispatcher looks for work every poll_s; a removal that keeps failing waits
+    twice as long after each failure (up to 10 minutes) instead of failing, and logging,
+    at every look."""
+    config = settings(data_dir=tmp_path, poll_s=0.05)
+    config.resolved_ray_storage_path.write_text("a file where the storage path should be")
+    gone = store.create_study("digits", SPEC, 1)
+    store.delete_study(gone.id)
+    dispatcher = Dispatcher(store, config, runner=FakeRunner())
+    thread = threading.Thread(target=dispatcher.run)
+    thread.start()
+    time.sleep(1.5)  # about 30 looks for work
+    dispatcher.stop()
+    thread.join(timeout=5)
+    (record,) = store.study_leftovers()
+    # failures at about 0, 0.1, 0.3, 0.7 and 1.5 s: 4-5 attempts, not 30
+    assert 2 <= record.attempts <= 6, record.attempts
