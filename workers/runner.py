@@ -507,16 +507,26 @@ def resume_hint(
     from sqlalchemy.engine import make_url
 
     try:
-        shown = make_url(database_url).render_as_string(hide_password=True)
+        parsed = make_url(database_url)
+        shown, secret = parsed.render_as_string(hide_password=True), bool(parsed.password)
     except Exception:  # not a URL SQLAlchemy parses: shown as given
-        shown = database_url
+        shown, secret = database_url, False
+    out = shlex.quote(str(out_path))
+    if secret:
+        # Commands with the password hidden would not run: the URL goes in the environment.
+        return (
+            f"study {study_id} was interrupted and is queued, its finished trials kept; to finish "
+            f"it, set STAGETUNE_DATABASE_URL to this database's URL with its password ({shown}), "
+            "then run from this directory `stagetune worker --once` (it resumes the study "
+            f"without training its finished trials again) and `stagetune export {study_id} -o "
+            f"{out}`, which writes its schedule"
+        )
     url = shlex.quote(shown)
     return (
         f"study {study_id} was interrupted and is queued, its finished trials kept; to finish "
         f"it, run from this directory `STAGETUNE_DATABASE_URL={url} stagetune worker --once` "
         "(it resumes the study without training its finished trials again), then "
-        f"`stagetune export {study_id} --database-url {url} -o "
-        f"{shlex.quote(str(out_path))}` writes its schedule"
+        f"`stagetune export {study_id} --database-url {url} -o {out}` writes its schedule"
     )
 
 

@@ -299,3 +299,31 @@ def test_stagetune_tasks_to_a_pipe_prints_whole_lines(tmp_path: Path) -> None:
     )
     names = [m.group(1) for m in map(header.match, done.stdout.splitlines()) if m]
     assert {"cifar10", "denoise", "digits", "mnist1d", "tinylm"} <= set(names), done.stdout
+
+
+def test_the_resume_hint_gives_commands_that_run_as_printed_and_never_a_password() -> None:
+    """After Ctrl-C on ``stagetune tune``: the commands that finish the study. A URL with a
+    password is never printed with it, nor put in a command that would then fail (its
+    password hidden): the user sets STAGETUNE_DATABASE_URL instead."""
+    from workers.runner import resume_hint
+
+    plain = resume_hint(4, "sqlite:///stagetune-data/stagetune.db", "best schedule.yaml")
+    assert (
+        "run from this directory `STAGETUNE_DATABASE_URL=sqlite:///stagetune-data/stagetune.db "
+        "stagetune worker --once`"
+    ) in plain
+    assert (
+        "`stagetune export 4 --database-url sqlite:///stagetune-data/stagetune.db -o "
+        "'best schedule.yaml'` writes its schedule"
+    ) in plain
+    secret = resume_hint(4, "postgresql://tuner:s3cret@db:5432/studies", "best.yaml")
+    assert "s3cret" not in secret
+    assert (
+        "set STAGETUNE_DATABASE_URL to this database's URL with its password "
+        "(postgresql://tuner:***@db:5432/studies), then run from this directory "
+        "`stagetune worker --once`"
+    ) in secret
+    assert "`stagetune export 4 -o best.yaml`, which writes its schedule" in secret
+    assert "--database-url" not in secret
+    tasks = resume_hint(4, "sqlite:///x.db", "best.yaml", own_tasks=True)
+    assert "run `stagetune tune` again" in tasks
