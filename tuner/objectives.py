@@ -768,10 +768,11 @@ def _split_note(
     others in single runs tested 0.2 point above the one picked, on 8,000 held-out samples
     (``bench/README.md`` section 1).
 
-    How finely the split reads: for validation accuracy the binomial :func:`split_resolution`;
-    for any other metric its per-sample standard deviation over the square root of the
-    split's size, where the task reports the spread (``SeedStats.metric_sd``, e.g. a PSNR's
-    per-patch or a language model's per-sequence loss); nothing for a task that does not."""
+    How finely the split reads: the metric's per-sample standard deviation over the square
+    root of the split's size, where the task reports the spread (``SeedStats.metric_sd``:
+    classification's binomial ``sqrt(p (1 - p))``, a PSNR's per patch, a language model's
+    per-sequence loss); else, for validation accuracy, the binomial :func:`split_resolution`
+    at the mean; nothing for another metric of a task that reports no spread."""
     if (
         ahead is None
         or robust is None
@@ -781,16 +782,16 @@ def _split_note(
     ):
         return ""
     value = robust.accuracy_mean
-    if objective.metric == "val_accuracy":
-        reads = split_resolution(value, val_size)
-        how = f"accuracy to about ± {reads:.4f} at {value:.4f} (binomial)"
-    elif robust.metric_sd is not None:
+    if robust.metric_sd is not None:
         reads = robust.metric_sd / math.sqrt(val_size)
         how = (
             f"{metric_words(objective.metric)} to about ± {_figure(reads)} at {_figure(value)} "
             f"(its per-sample spread, {_figure(robust.metric_sd)}, over the square root of "
             "the samples)"
         )
+    elif objective.metric == "val_accuracy":  # runs that did not report the spread
+        reads = split_resolution(value, val_size)
+        how = f"accuracy to about ± {reads:.4f} at {value:.4f} (binomial)"
     else:
         return ""
     if abs(ahead.mean) >= reads:
@@ -810,7 +811,7 @@ def _split_note(
 
 
 def _figure(x: float) -> str:
-    """A metric's figure in a sentence: four decimals below 10 (accuracy, a loss), one above
+    """A metric's figure in a sentence: four decimals below 10 (accuracy, a loss), two above
     (a PSNR in dB)."""
     return f"{x:.4f}" if abs(x) < 10 else f"{x:.2f}"
 

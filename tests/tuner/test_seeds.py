@@ -530,3 +530,17 @@ def test_a_loss_study_says_when_its_lead_is_finer_than_the_split_reads_the_loss(
     assert unknown[0].metric_sd is None
     quiet = summarize(outcomes, loss, seed_runs=unknown, seeds=S, val_size=64)
     assert quiet["seed_runs"]["lead"]["split_note"] is None
+
+
+def test_a_reported_spread_reads_accuracy_too_where_the_binomial_would_be_wrong() -> None:
+    """A language model's next-byte accuracy is a mean over each sequence's bytes: its spread
+    over sequences is not the binomial's. Runs that report the spread are read with it."""
+    obj = objective()
+    longer, shorter, stats = _tie()
+    spread = [dataclasses.replace(s, metric_sd=0.05) for s in stats]
+    note = summarize([shorter, longer], obj, seed_runs=spread, seeds=S, val_size=2000)["note"]
+    assert (
+        "one run there reads validation accuracy to about ± 0.0011 at 0.9870 (its per-sample "
+        "spread, 0.0500, over the square root of the samples)"
+    ) in note
+    assert "binomial" not in note
