@@ -75,6 +75,7 @@ from tuner.engine_search import (
     TrialMeta,
 )
 from tuner.errors import StagetuneError, ValidationError
+from tuner.leftovers import disk_bytes
 from tuner.objectives import (
     StudyObjective,
     TrialOutcome,
@@ -596,15 +597,7 @@ def set_aside(path: Path, reason: str) -> Path:
 
 def checkpoint_bytes(experiment: Path) -> int:
     """Bytes of the trial checkpoints (``<trial>/checkpoint_*``) in a Tune experiment."""
-    total = 0
-    for checkpoint in experiment.glob("*/checkpoint_*"):
-        for parent, _dirs, files in os.walk(checkpoint):
-            for name in files:
-                try:
-                    total += os.lstat(os.path.join(parent, name)).st_size
-                except FileNotFoundError:  # Tune deleted an old one meanwhile
-                    continue
-    return total
+    return sum(disk_bytes(checkpoint) for checkpoint in experiment.glob("*/checkpoint_*"))
 
 
 @contextmanager

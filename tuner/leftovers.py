@@ -39,6 +39,7 @@ from tuner.store.storage import StudyStore
 __all__ = [
     "LeftoverRemoval",
     "StorageEntry",
+    "disk_bytes",
     "remove_leftovers",
     "remove_optuna_studies",
     "remove_study_files",
@@ -84,8 +85,9 @@ def study_files(storage_path: str | os.PathLike[str], experiment: str) -> list[P
     )
 
 
-def _size(path: Path) -> int:
-    """Bytes under ``path`` (symbolic links counted as links, never followed)."""
+def disk_bytes(path: Path) -> int:
+    """Bytes under ``path`` (symbolic links counted as links, never followed; files that go
+    while it counts are skipped)."""
     try:
         if not path.is_dir() or path.is_symlink():
             return path.lstat().st_size
@@ -115,7 +117,7 @@ def _remove_paths(paths: Sequence[Path]) -> tuple[int, int]:
     removed, freed = 0, 0
     problems: list[str] = []
     for path in paths:
-        size = _size(path)
+        size = disk_bytes(path)
         try:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
@@ -269,7 +271,7 @@ def storage_usage(store: StudyStore, storage_path: str | os.PathLike[str]) -> li
                 experiment=experiment,
                 study_id=int(match.group(2)),
                 paths=tuple(sorted(paths)),
-                bytes=sum(_size(p) for p in paths),
+                bytes=sum(disk_bytes(p) for p in paths),
                 owner=owner,
                 status=status,
             )
