@@ -15,6 +15,16 @@ import typer
 from tuner.errors import NotFoundError, ValidationError
 from workers.cli.app import app
 
+#: ``--database-url`` of the commands that read the study database directly.
+DatabaseUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        help="Study database (default: STAGETUNE_DATABASE_URL, else the embedded SQLite "
+        "under ./stagetune-data).",
+    ),
+]
+
 
 class ExportFormat(StrEnum):
     yaml = "yaml"
@@ -155,14 +165,7 @@ def export(
             help="Training samples per epoch for megatron/deepspeed (default: load the task).",
         ),
     ] = None,
-    database_url: Annotated[
-        str | None,
-        typer.Option(
-            "--database-url",
-            help="Study database (default: STAGETUNE_DATABASE_URL, else the embedded SQLite "
-            "under ./stagetune-data).",
-        ),
-    ] = None,
+    database_url: DatabaseUrlOption = None,
     url: Annotated[
         str | None,
         typer.Option(

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from workers.cli.app import app
+from workers.cli.export import DatabaseUrlOption
 
 _WHOSE = {
     "deleted": "deleted: a worker removes it",
@@ -17,14 +18,7 @@ _WHOSE = {
 
 @app.command()
 def storage(
-    database_url: Annotated[
-        str | None,
-        typer.Option(
-            "--database-url",
-            help="Study database (default: STAGETUNE_DATABASE_URL, else the embedded SQLite "
-            "under ./stagetune-data).",
-        ),
-    ] = None,
+    database_url: DatabaseUrlOption = None,
     clean: Annotated[
         bool,
         typer.Option(

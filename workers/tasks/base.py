@@ -52,6 +52,7 @@ __all__ = [
     "parse_options",
     "sample_std",
     "set_data_cache_size",
+    "spreads",
     "task_info",
 ]
 
@@ -698,9 +699,7 @@ class BaseTask(ABC, Generic[OptionsT]):
         if "correct" in sums:
             p = min(max(sums["correct"] / count, 0.0), 1.0)
             out["accuracy"] = math.sqrt(p * (1.0 - p))
-        if "loss" in sums and "loss_sq" in sums:
-            out["loss"] = sample_std(sums["loss"], sums["loss_sq"], count)
-        return out
+        return {**out, **spreads(sums, count, {"loss": "loss"})}
 
     def _fingerprint(self, opts: OptionsT) -> Hashable:
         """Extra cache-key part, e.g. the stats of files the data is read from."""
@@ -819,6 +818,17 @@ def sample_std(total: float, total_sq: float, count: int) -> float:
         return math.nan
     mean = total / count
     return math.sqrt(max(total_sq / count - mean * mean, 0.0))
+
+
+def spreads(sums: Mapping[str, float], count: int, sum_of: Mapping[str, str]) -> dict[str, float]:
+    """The per-sample standard deviation of each metric (``sum_of``: metric -> the key of its
+    per-sample sum in ``sums``, whose squares are under ``<key>_sq``); metrics whose squares
+    were not summed are left out."""
+    return {
+        metric: sample_std(sums[key], sums[f"{key}_sq"], count)
+        for metric, key in sum_of.items()
+        if count >= 1 and key in sums and f"{key}_sq" in sums
+    }
 
 
 def metric_spread(task: Task, sums: Mapping[str, float], count: int) -> dict[str, float]:

@@ -59,7 +59,7 @@ import torch
 from torch import nn
 
 from workers.task_options import DenoiseOptions
-from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, derive_seed, sample_std
+from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, derive_seed, spreads
 from workers.tasks.models import DnCNN
 
 __all__ = [
@@ -244,12 +244,7 @@ class DenoiseTask(BaseTask[DenoiseOptions]):
 
     def spread_from_sums(self, sums: Mapping[str, float], count: int) -> dict[str, float]:
         """The per-patch standard deviation of PSNR and of MSE."""
-        out: dict[str, float] = {}
-        if count >= 1 and "psnr_sq" in sums:
-            out["psnr"] = sample_std(sums["psnr"], sums["psnr_sq"], count)
-        if count >= 1 and "mse_sq" in sums:
-            out["loss"] = sample_std(sums["mse"], sums["mse_sq"], count)
-        return out
+        return spreads(sums, count, {"psnr": "psnr", "loss": "mse"})
 
 
 TASK = DenoiseTask()

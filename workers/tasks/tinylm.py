@@ -54,7 +54,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from tuner.errors import ValidationError
 from workers.task_options import TinyLMOptions
-from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, derive_seed, sample_std
+from workers.tasks.base import BaseTask, OptimizerDefaults, TaskData, derive_seed, spreads
 
 __all__ = ["TASK", "TinyLMOptions", "TinyLMTask", "TinyTransformerLM", "corpus_topics"]
 
@@ -256,12 +256,7 @@ class TinyLMTask(BaseTask[TinyLMOptions]):
     def spread_from_sums(self, sums: Mapping[str, float], count: int) -> dict[str, float]:
         """The per-sequence standard deviation of the loss (nats per byte) and of next-byte
         accuracy (perplexity is not a mean over sequences)."""
-        out: dict[str, float] = {}
-        if count >= 1 and "loss_sq" in sums:
-            out["loss"] = sample_std(sums["loss"], sums["loss_sq"], count)
-        if count >= 1 and "correct_sq" in sums:
-            out["accuracy"] = sample_std(sums["correct"], sums["correct_sq"], count)
-        return out
+        return spreads(sums, count, {"loss": "loss", "accuracy": "correct"})
 
     def metrics_from_sums(self, sums: Mapping[str, float], count: int) -> dict[str, float]:
         loss = sums["loss"] / count
