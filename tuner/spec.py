@@ -533,10 +533,11 @@ class Budget(_Model):
         gt=1,
         le=1e6,
         allow_inf_nan=False,
-        description="A trial whose validation loss rises above this many times its lowest so "
-        "far is stopped as diverged (after an LR or batch increase too large for the model the "
-        "loss jumps by orders of magnitude and does not come back; a run that learns stays "
-        "within a few times its lowest). null: only a non-finite loss stops a trial.",
+        description="A trial whose validation loss stays above this many times its lowest so "
+        "far for two epochs in a row is stopped as diverged (after an LR or batch increase too "
+        "large for the model the loss jumps by orders of magnitude and does not come back; a "
+        "run that learns stays within a few times its lowest, or spikes for one epoch at a "
+        "high LR and comes back). null: only a non-finite loss stops a trial.",
     )
     recipe_candidates: bool = Field(
         default=True,
