@@ -621,7 +621,7 @@ def _delete_from_database(study: int, database_url: str) -> None:
     from workers.cli.export import open_study_database
 
     storage = get_settings().resolved_ray_storage_path
-    store = open_study_database(database_url)
+    store = open_study_database(database_url, or_service=False)
     try:
         store.delete_study(study)
         left = store.study_leftovers(study_id=study)

@@ -32,9 +32,10 @@ class ExportFormat(StrEnum):
     deepspeed = "deepspeed"
 
 
-def open_study_database(database_url: str | None) -> Any:
+def open_study_database(database_url: str | None, *, or_service: bool = True) -> Any:
     """The study database at ``database_url`` (default: the settings'), which must exist:
-    ``NotFoundError`` naming what to pass otherwise."""
+    ``NotFoundError`` naming what to pass otherwise (``or_service``: the command also takes
+    ``--url`` of a running service)."""
     from tuner.settings import get_settings
     from tuner.store import StudyStore
     from tuner.store.engine import display_url, normalize_url
@@ -43,9 +44,10 @@ def open_study_database(database_url: str | None) -> Any:
     if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
         path = Path(os.path.expanduser(url.database))
         if not path.is_file():
+            service = ", or --url of a running service" if or_service else ""
             raise NotFoundError(
                 f"no study database at {path}; pass --database-url (or set "
-                "STAGETUNE_DATABASE_URL), or --url of a running service"
+                f"STAGETUNE_DATABASE_URL){service}"
             )
     try:
         return StudyStore.from_url(url)

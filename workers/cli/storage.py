@@ -40,7 +40,7 @@ def storage(
     from workers.console import stdout_console
 
     path = get_settings().resolved_ray_storage_path
-    store = open_study_database(database_url)
+    store = open_study_database(database_url, or_service=False)
     try:
         entries = storage_usage(store, path)
         console = stdout_console(highlight=False)
