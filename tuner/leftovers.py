@@ -12,8 +12,12 @@ elsewhere cannot go in the same transaction, so the delete records it
 
 A removal that leaves something behind (a file system error, the database unreachable) keeps
 its record, with the reason and a count of attempts, and is tried again at the next look.
-Every worker of a deployment shares the storage path (take-overs need it too), so whichever
-worker looks first removes the files.
+Every worker of a deployment should share the storage path (take-overs need it too), so
+whichever worker looks first removes the files. A worker that finds no files of a study that
+ran (one whose path is not the one the study ran on) keeps its record for
+:data:`FILES_WAIT` after the delete, so that the worker holding them removes them; then it
+forgets it (what is left shows as unclaimed in :func:`storage_usage`). A study that never ran
+has no files and is forgotten at once.
 
 :func:`storage_usage` says what every experiment on the storage path takes and whose it is
 (a study of the database, a deleted study's waiting for a worker, or unclaimed: another
@@ -30,13 +34,16 @@ import re
 import shutil
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Final
 
 from tuner.store.engine import display_url
 from tuner.store.records import StudyLeftovers, experiment_name
 from tuner.store.storage import StudyStore
 
 __all__ = [
+    "FILES_WAIT",
     "LeftoverRemoval",
     "StorageEntry",
     "disk_bytes",
@@ -56,6 +63,10 @@ _EXPERIMENT = re.compile(r"study-[0-9]+-[0-9a-f]{8}")
 #: name before the token, ``study-<id>``, which earlier versions wrote) and a neighbour suffix.
 _ENTRY = re.compile(r"(study-([0-9]+)(?:-[0-9a-f]{8})?)(?:\..+)?")
 
+#: How long after a delete a worker that finds none of a study's files on its storage path
+#: keeps the record, when the study ran, for a worker whose path holds them.
+FILES_WAIT: Final = timedelta(hours=1)
+
 
 @dataclass
 class LeftoverRemoval:
@@ -68,6 +79,9 @@ class LeftoverRemoval:
     optuna_studies_removed: int = 0
     failed: dict[int, str] = field(default_factory=dict)
     """Deleted studies whose removal left something behind, with why (tried again later)."""
+    waiting: dict[int, str] = field(default_factory=dict)
+    """Deleted studies that ran but have no files on this storage path, with why: kept until
+    :data:`FILES_WAIT` after their delete for a worker whose path holds them."""
 
 
 def study_files(storage_path: str | os.PathLike[str], experiment: str) -> list[Path]:
@@ -164,14 +178,17 @@ def remove_leftovers(
     limit: int = 100,
     study_id: int | None = None,
     skip: Collection[int] = (),
+    now: datetime | None = None,
 ) -> LeftoverRemoval:
     """Remove what up to ``limit`` deleted studies (or the deleted study ``study_id``) left
     behind, oldest first (but those of the studies in ``skip``: a caller backing off after a
     failure): their files on ``storage_path`` and their Optuna studies. Each
     removed completely is forgotten; any other keeps its record with the reason
-    (:meth:`StudyStore.leftovers_not_removed`). Database errors reading the records propagate
-    (the caller retries later)."""
+    (:meth:`StudyStore.leftovers_not_removed`), and so does one that ran but has no files
+    here, until :data:`FILES_WAIT` after its delete (``now``: the current time, UTC).
+    Database errors reading the records propagate (the caller retries later)."""
     done = LeftoverRemoval()
+    now = now or datetime.now(UTC)
     for item in store.study_leftovers(limit, study_id=study_id):
         if item.study_id in skip:
             continue
@@ -190,6 +207,20 @@ def remove_leftovers(
                 store.leftovers_not_removed(item.id, reason)
             except Exception:  # the record stays as it was: tried again all the same
                 log.exception("could not record the failed removal of study %s", item.study_id)
+            continue
+        if paths == 0 and item.started_at is not None and now < item.requested_at + FILES_WAIT:
+            until = (item.requested_at + FILES_WAIT).strftime("%Y-%m-%d %H:%M UTC")
+            reason = (
+                f"no files of {item.experiment} under {storage_path}; kept until {until} for "
+                "a worker whose storage path holds them (the study ran)"
+            )
+            log.info("deleted study %s: %s", item.study_id, reason)
+            done.waiting[item.study_id] = reason
+            done.optuna_studies_removed += optuna
+            try:
+                store.leftovers_not_removed(item.id, reason)
+            except Exception:
+                log.exception("could not record the wait for study %s's files", item.study_id)
             continue
         store.leftovers_removed(item.id)
         done.studies.append(item.study_id)

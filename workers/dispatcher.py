@@ -252,7 +252,8 @@ class Dispatcher:
         self.stats.leftovers_removed.extend(removal.studies)
         for study in removal.studies:
             self._removal_failures.pop(study, None)
-        for study in removal.failed:  # try again later, waiting longer after each failure
+        # try again later, waiting longer after each failure or each look that found no files
+        for study in (*removal.failed, *removal.waiting):
             failures = self._removal_failures.get(study, (0, 0.0))[0] + 1
             delay = min(LEFTOVERS_MAX_BACKOFF_S, self.settings.poll_s * 2**failures)
             self._removal_failures[study] = (failures, now + delay)

@@ -4,12 +4,13 @@ worker (``tuner.leftovers``), on a real SQLite file and the real PostgreSQL serv
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import optuna
 import pytest
 
-from tuner.leftovers import remove_leftovers, remove_study_files, study_files
+from tuner.leftovers import FILES_WAIT, remove_leftovers, remove_study_files, study_files
 from tuner.optuna_storage import open_storage
 from tuner.store import StudyRecord, StudyStore, experiment_name
 
@@ -115,6 +116,48 @@ def test_a_study_with_no_files_and_no_optuna_tables_is_forgotten(
     removal = remove_leftovers(store, tmp_path / "never-created")
     assert removal.studies == [study.id]
     assert removal.paths_removed == 0
+    assert store.study_leftovers() == []
+
+
+def test_a_study_that_ran_waits_for_the_worker_whose_storage_path_holds_its_files(
+    store: StudyStore, tmp_path: Path
+) -> None:
+    """A worker whose storage path is not the one the study ran on finds none of its files:
+    it removes the Optuna study but keeps the record, with why, so the worker holding the
+    files removes them; an hour after the delete it forgets it."""
+    study = finished_study(store)
+    ran_on, elsewhere = tmp_path / "ray-a", tmp_path / "ray-b"
+    url = store.url.render_as_string(hide_password=False)
+    optuna_storage = open_storage(url, {})
+    optuna.create_study(study_name=f"stagetune-study-{study.id}", storage=optuna_storage)
+    store.delete_study(study.id)
+    (record,) = store.study_leftovers()
+    assert record.started_at is not None
+    files = lay_out_files(ran_on, record.experiment)
+
+    removal = remove_leftovers(store, elsewhere)
+    assert removal.studies == []
+    assert removal.failed == {}
+    assert removal.optuna_studies_removed == 1
+    reason = removal.waiting[study.id]
+    assert f"no files of {record.experiment} under {elsewhere}" in reason
+    (kept,) = store.study_leftovers()
+    assert (kept.attempts, kept.error) == (1, reason)
+    assert optuna.get_all_study_summaries(optuna_storage) == []
+    optuna_storage.engine.dispose()
+
+    removal = remove_leftovers(store, ran_on)  # the worker that ran it
+    assert removal.studies == [study.id]
+    assert removal.paths_removed == 5
+    assert not any(p.exists() for p in files.values())
+    assert store.study_leftovers() == []
+
+    other = finished_study(store)
+    store.delete_study(other.id)
+    (record,) = store.study_leftovers()
+    assert remove_leftovers(store, elsewhere, now=record.requested_at + FILES_WAIT / 2).waiting
+    late = record.requested_at + FILES_WAIT + timedelta(seconds=1)
+    assert remove_leftovers(store, elsewhere, now=late).studies == [other.id]
     assert store.study_leftovers() == []
 
 

@@ -452,6 +452,10 @@ def test_a_deleted_study_leaves_a_record_of_its_files_and_optuna_study_for_a_wor
     assert first.optuna_studies == ("renamed-by-the-engine", f"stagetune-study-{done.id}")
     assert second.optuna_studies == (f"stagetune-study-{queued.id}",)
     assert (first.attempts, first.error) == (0, None)
+    # whether it ran: a worker that finds no files of a study that ran waits for another
+    assert done.started_at is not None
+    assert first.started_at == done.started_at
+    assert second.started_at is None
     assert [x.study_id for x in store.study_leftovers(limit=1)] == [done.id]
 
     store.leftovers_not_removed(first.id, "disk on fire")

@@ -260,15 +260,17 @@ def test_a_removal_that_fails_does_not_hold_up_the_queue(store: StudyStore, tmp_
     assert "NotADirectoryError" in (record.error or "")
 
 
-def test_a_schema_without_the_leftovers_table_still_runs_studies(
-    db_url: str, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("behind", [1, 2], ids=["no-started-at-column", "no-leftovers-table"])
+def test_a_schema_older_than_the_leftovers_code_still_runs_studies(
+    db_url: str, caplog: pytest.LogCaptureFixture, behind: int
 ) -> None:
     """A worker upgraded before the database (the migrate step not run yet) runs studies as
-    before and says once why it removes no files."""
+    before and says once why it removes no files: a missing column is an old schema as much
+    as a missing table."""
     from tuner.store.migrate import downgrade, revisions
 
     upgrade(db_url)
-    downgrade(db_url, revisions()[-2])
+    downgrade(db_url, revisions()[-1 - behind])
     with StudyStore(db_url) as store:
         waiting = queue(store, 2)
         with caplog.at_level("WARNING", logger="workers.dispatcher"):

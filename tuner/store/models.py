@@ -228,6 +228,7 @@ class StudyLeftoversRow(Base):
     experiment: Mapped[str] = mapped_column(String(EXPERIMENT_MAX))
     optuna_studies: Mapped[list[str]] = mapped_column(json_type())
     requested_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     error: Mapped[str | None] = mapped_column(Text)
 

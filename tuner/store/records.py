@@ -235,9 +235,14 @@ class StudyLeftovers:
     optuna_studies: tuple[str, ...]
     requested_at: datetime
     attempts: int
-    """Removals tried so far that left something behind (a worker tries again later)."""
+    """Removals tried so far that left something behind, or that found none of the files of a
+    study that ran (a worker tries again later)."""
     error: str | None
-    """Why the last attempt left something behind."""
+    """Why the last attempt left something behind (or found nothing)."""
+    started_at: datetime | None = None
+    """When the study first ran (``None``: it never ran, or it was deleted before deletes
+    recorded this): one that ran left files on the storage path of the worker that ran it, so
+    a worker that finds none on its own path keeps the record a while for that one."""
 
 
 def optuna_study_name(study_id: int) -> str:

@@ -471,7 +471,7 @@ class StudyStore:
             with maker.begin() as session:
                 yield session
         except (OperationalError, ProgrammingError) as exc:
-            if _missing_table(exc):
+            if _missing_schema(exc):
                 raise InvalidStateError(
                     f"the database {display_url(self._url)} has no stagetune schema (or an "
                     "old one); run `alembic upgrade head` with STAGETUNE_DATABASE_URL set, or "
@@ -835,6 +835,7 @@ class StudyStore:
                     experiment=experiment_name(study_id, row.created_at),
                     optuna_studies=optuna_study_names(study_id, row.summary),
                     requested_at=self._now(),
+                    started_at=row.started_at,
                     attempts=0,
                 )
             )
@@ -864,6 +865,7 @@ class StudyStore:
                     requested_at=row.requested_at,
                     attempts=row.attempts,
                     error=row.error,
+                    started_at=row.started_at,
                 )
                 for row in rows
             ]
@@ -1548,8 +1550,10 @@ _CURVE_METRICS = (
 )
 
 
-def _missing_table(exc: OperationalError | ProgrammingError) -> bool:
+def _missing_schema(exc: OperationalError | ProgrammingError) -> bool:
     orig = exc.orig
-    if getattr(orig, "sqlstate", None) == "42P01":  # PostgreSQL undefined_table
+    # PostgreSQL undefined_table, undefined_column: a schema older than the code
+    if getattr(orig, "sqlstate", None) in ("42P01", "42703"):
         return True
-    return "no such table" in str(orig)
+    text = str(orig)
+    return "no such table" in text or "no such column" in text or "has no column named" in text

@@ -78,6 +78,8 @@ def storage(
             if removal.failed:
                 reasons = "; ".join(f"study {k}: {v}" for k, v in removal.failed.items())
                 raise OSError(f"could not remove deleted studies' files: {reasons}")
+            for study, reason in removal.waiting.items():
+                console.print(f"deleted study {study}: {reason}", soft_wrap=True)
         console.print(
             f"removed {paths} path{'s' if paths != 1 else ''}, {format_bytes(freed)} freed"
         )
