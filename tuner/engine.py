@@ -51,6 +51,7 @@ import logging
 import math
 import os
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -81,6 +82,7 @@ from tuner.objectives import (
     TrialOutcome,
     epochs_done,
     is_stage_stop,
+    split_reads,
     summarize,
     trial_status,
 )
@@ -1110,6 +1112,7 @@ class TuningEngine:
         chosen = finalists(outcomes, self.objective, budget.finalists)
         stats = self._train_on_seeds(chosen, seeds, self.seed_experiment_path, reserve=False)
         open_slots = budget.finalists - sum(1 for o in chosen if o.baseline is None)
+        resolution = self._split_reads(chosen)
         extra = reserves(
             outcomes,
             self.objective,
@@ -1117,14 +1120,19 @@ class TuningEngine:
             budget.reserve_finalists,
             open_slots=open_slots,
             tie_break=budget.tie_break,
+            resolution=resolution,
         )
         if extra and not (self.should_stop is not None and self.should_stop()):
             picked = pick(stats, self.objective, tie_break=budget.tie_break)
-            why = (
-                "the pick's seed runs disagree"
-                if picked is not None and (picked.unstable or picked.failed)
-                else f"{open_slots} finalist place(s) empty (too few tuned trials ran to the end)"
-            )
+            if picked is not None and (picked.unstable or picked.failed):
+                why = "the pick's seed runs disagree"
+            elif open_slots > 0:
+                why = f"{open_slots} finalist place(s) empty (too few tuned trials ran to the end)"
+            else:
+                why = (
+                    f"the validation split reads one run to about ± {resolution or 0.0:.4g}, and "
+                    "these ran as close to a finalist"
+                )
             log.info(
                 "%s; %d reserve(s) train on the fresh seeds: %s",
                 why,
@@ -1133,6 +1141,27 @@ class TuningEngine:
             )
             stats += self._train_on_seeds(extra, seeds, self.reserve_experiment_path, reserve=True)
         return stats
+
+    def _split_reads(self, chosen: Sequence[TrialOutcome]) -> float | None:
+        """How finely one run on the validation split reads the study's metric near the
+        lowest tuned finalist's single run (:func:`tuner.objectives.split_reads`, with the
+        tuned finalists' mean per-sample spread); ``None`` when it cannot be told."""
+        tuned = [o for o in chosen if o.baseline is None and o.metric_value is not None]
+        if not tuned:
+            return None
+        lowest = min(tuned, key=lambda o: self.objective.score_of(o.metric_value) or 0.0)
+        spreads = [
+            float(sd)
+            for o in tuned
+            if isinstance(sd := o.extra.get("metric_sd"), int | float) and math.isfinite(sd)
+        ]
+        assert lowest.metric_value is not None
+        return split_reads(
+            lowest.metric_value,
+            statistics.fmean(spreads) if spreads else None,
+            self.val_size,
+            self.objective.metric,
+        )
 
     def _train_on_seeds(
         self, chosen: Sequence[TrialOutcome], seeds: list[int], path: Path, *, reserve: bool

@@ -66,6 +66,7 @@ __all__ = [
     "rank_key",
     "search_text",
     "select_best",
+    "split_reads",
     "split_resolution",
     "study_metric",
     "study_step_cap",
@@ -766,6 +767,23 @@ def split_resolution(accuracy: float, samples: int) -> float:
     return math.sqrt(p * (1.0 - p) / samples)
 
 
+def split_reads(
+    value: float, metric_sd: float | None, val_size: int | None, metric: str
+) -> float | None:
+    """How finely one run on a validation split of ``val_size`` samples reads the study's
+    metric near ``value``: the metric's per-sample standard deviation over the square root of
+    the samples, where the task reports it (``metric_sd``); else, for validation accuracy,
+    the binomial :func:`split_resolution`; ``None`` when the split's size is not known or the
+    metric's spread is not."""
+    if not val_size:
+        return None
+    if metric_sd is not None and math.isfinite(metric_sd):
+        return metric_sd / math.sqrt(val_size)
+    if metric == "val_accuracy":
+        return split_resolution(value, val_size)
+    return None
+
+
 def _runner_up_name(ahead: Lead) -> str:
     return (
         f"the {ahead.runner_up_baseline} baseline (trial {ahead.runner_up})"
@@ -802,18 +820,17 @@ def _split_note(
     ):
         return ""
     value = robust.accuracy_mean
+    reads = split_reads(value, robust.metric_sd, val_size, objective.metric)
+    if reads is None:
+        return ""
     if robust.metric_sd is not None:
-        reads = robust.metric_sd / math.sqrt(val_size)
         how = (
             f"{metric_words(objective.metric)} to about ± {_figure(reads)} at {_figure(value)} "
             f"(its per-sample spread, {_figure(robust.metric_sd)}, over the square root of "
             "the samples)"
         )
-    elif objective.metric == "val_accuracy":  # runs that did not report the spread
-        reads = split_resolution(value, val_size)
+    else:  # validation accuracy from runs that did not report the spread
         how = f"accuracy to about ± {reads:.4f} at {value:.4f} (binomial)"
-    else:
-        return ""
     if abs(ahead.mean) >= reads:
         return ""
     fix = (

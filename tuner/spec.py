@@ -597,7 +597,9 @@ class Budget(_Model):
         "fresh seeds before the pick: those whose search evidence (last cooldown-probe score, "
         "else accuracy) beats the pick's mean, schedules the search stopped early included. "
         "They also fill the finalist places left empty when fewer tuned schedules than "
-        "`finalists` ran to the end (ASHA stopped the rest), on the same rule. 0: never.",
+        "`finalists` ran to the end (ASHA stopped the rest), on the same rule; and a stable "
+        "pick sends the tuned schedules that ran to the end as close to a finalist as one run "
+        "on the validation split can read (best first). 0: never.",
     )
     max_failures: int = Field(
         strict=True,

@@ -23,6 +23,7 @@ from tuner.seeds import (
     reserves,
     seed_stats,
     seed_text,
+    split_ties,
 )
 from tuner.spec import StudySpec
 
@@ -203,6 +204,51 @@ def test_reserves_fill_the_finalist_places_a_stable_pick_left_empty() -> None:
         seed_stats(only, {10: outcome(3, 0.98), 11: outcome(3, 0.86), 12: outcome(3, 0.97)}, S)
     ]
     assert [o.number for o in reserves(pool, obj, unstable, 2, open_slots=1)] == [9, 7]
+
+
+def test_a_stable_pick_sends_the_runs_the_validation_split_cannot_tell_from_a_finalist() -> None:
+    """The mnist1d quality benchmark's step-cap study on 8,000 validation samples: two TPE
+    draws took the finalist places at 99.11 and 99.10 %, the batch warm-up recipe's variant
+    ran 99.075 % (three samples fewer) and the recipe itself 99.025 %. One run there reads
+    accuracy to about ± 0.12 point, so those two are as much finalists as the others: they
+    train on the fresh seeds too (up to reserve_finalists, best first); a run further off,
+    one the search stopped, a baseline and an unknown resolution send none."""
+    obj = objective()
+    first, second = outcome(14, 0.991125, steps=891), outcome(15, 0.991, steps=747)
+    variant, recipe = outcome(9, 0.99075, steps=747), outcome(0, 0.99025, steps=747)
+    further = outcome(1, 0.988875, steps=915)
+    stopped = _with(outcome(19, 0.99100, status="stopped"), epochs_done=20, score=0.9893)
+    base = outcome(30, 0.9911, baseline="small_batch")
+    pool = [first, second, variant, recipe, further, stopped, base]
+
+    def runs(o: TrialOutcome, *accs: float) -> dict[int, TrialOutcome]:
+        return {s: outcome(o.number, a) for s, a in zip(S, accs, strict=True)}
+
+    stats = [
+        seed_stats(first, runs(first, 0.9889, 0.9903, 0.9894), S),
+        seed_stats(second, runs(second, 0.9893, 0.9894, 0.9885), S),
+        seed_stats(base, runs(base, 0.989, 0.989, 0.989), S),
+    ]
+    reads = split_resolution(0.991, 8000)
+    assert reads == pytest.approx(0.00105, abs=1e-5)
+    assert [o.number for o in split_ties(pool, obj, stats, reads)] == [9, 0]
+    assert [o.number for o in reserves(pool, obj, stats, 2, resolution=reads)] == [9, 0]
+    assert [o.number for o in reserves(pool, obj, stats, 1, resolution=reads)] == [9]
+    assert reserves(pool, obj, stats, 0, resolution=reads) == []  # reserve_finalists: 0
+    assert reserves(pool, obj, stats, 2) == []  # the split's size unknown: the pick stands
+    # A finer split tells the recipe from the finalists: only the variant is left.
+    assert [o.number for o in split_ties(pool, obj, stats, 0.0003)] == [9]
+    # A loss (minimised): within the resolution above the highest finalist loss.
+    loss = objective("task: digits\nobjective: {metric: val_loss}")
+    losses = [outcome(1, 2.40), outcome(2, 2.41), outcome(3, 2.43), outcome(4, 2.50)]
+    loss_stats = [
+        seed_stats(o, runs(o, *[o.metric_value or 0.0] * 3), S, metric="val_loss")
+        for o in losses[:2]
+    ]
+    assert [o.number for o in split_ties(losses, loss, loss_stats, 0.022)] == [3]
+    # A time-to-accuracy study ranks on time, not on the split: no ties.
+    tta = objective("task: digits\nobjective: {kind: time_to_accuracy, target_accuracy: 0.9}")
+    assert split_ties(pool, tta, stats, reads) == []
 
 
 def test_a_reserve_picked_on_its_seed_runs_reports_the_whole_schedules_figures() -> None:

@@ -25,7 +25,7 @@ from tuner.engine import checkpoint_bytes
 from tuner.export import export_schedule, validate_document
 from tuner.formatting import format_bytes
 from tuner.leftovers import remove_leftovers
-from tuner.objectives import search_text
+from tuner.objectives import search_text, split_resolution
 from tuner.schedule import Schedule
 from tuner.spec import StudySpec
 from tuner.store.records import StudyStatus, TrialRecord, TrialStatus
@@ -130,12 +130,27 @@ def test_a_small_digits_study_end_to_end(
     assert [f["number"] for f in finalists if not f["reserve"]] == (
         by_search_run(tuned)[:2] + by_search_run(baselines)[:1]
     )
-    # Finalist places ASHA left empty (fewer than 2 tuned trials ran to the end) may be filled
-    # by reserves: tuned trials it stopped, never more than the places left empty.
+    # Reserves (at most reserve_finalists, 2): tuned trials ASHA stopped, filling the finalist
+    # places it left empty (fewer than 2 tuned trials ran to the end), and tuned trials that
+    # ran to the end as close to the lowest tuned finalist as one run on the small digits
+    # split can read.
     reserves = [f["number"] for f in finalists if f["reserve"]]
-    stopped = {t.number for t in tuned if t.status is TrialStatus.STOPPED}
-    assert set(reserves) <= stopped
-    assert len(reserves) <= 2 - len(by_search_run(tuned)[:2])
+    assert len(reserves) <= 2
+    number = {t.number: t for t in tuned}
+    stopped = {n for n in reserves if number[n].status is TrialStatus.STOPPED}
+    assert len(stopped) <= 2 - len(by_search_run(tuned)[:2])
+    lowest = min(
+        (
+            number[f["number"]].val_accuracy or 0.0
+            for f in finalists
+            if not f["reserve"] and f["baseline"] is None
+        ),
+        default=2.0,  # no tuned finalist: nothing to be close to
+    )
+    reads = split_resolution(min(lowest, 1.0), seeded["val_size"])
+    for n in set(reserves) - stopped:
+        assert number[n].status is TrialStatus.COMPLETED
+        assert (number[n].val_accuracy or 0.0) >= lowest - 1.05 * reads, (n, lowest, reads)
     for f in finalists:
         accs = f["val_accuracy"]
         assert len(accs) == 3, f
@@ -152,7 +167,8 @@ def test_a_small_digits_study_end_to_end(
     assert summary["compute_epochs"] == pytest.approx(
         summary["search_compute_epochs"] + seeded["compute_epochs"]
     )
-    assert seeded["compute_epochs"] <= 3 * 3 * 4
+    # 3 fresh seeds x 4 epochs for each finalist and reserve, forks saving some of it.
+    assert seeded["compute_epochs"] <= len(finalists) * 3 * 4
     assert [b["baseline"] for b in summary["baselines"]] == [
         "small_batch",
         "large_batch",
