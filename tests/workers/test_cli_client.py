@@ -650,13 +650,18 @@ def test_storage_shows_each_studys_files_and_clean_frees_what_no_study_claims(
 ) -> None:
     """``stagetune storage``: every experiment on the storage path with its size and whose it
     is; ``--clean`` removes the unclaimed ones (and deleted studies' files waiting for a
-    worker) and never a study's of this database."""
+    worker) and never a study's of this database; a deleted study that ran and has no files
+    on this path keeps its record, and the command says so."""
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     data = tmp_path / "data"
     storage = data / "ray"
     env = cli_env(STAGETUNE_DATA_DIR=str(data))
     spec = {"task": "digits", "budget": {"trials": 1}}
     with StudyStore(url, create=True) as store:
+        elsewhere = store.create_study("digits", spec, 1)  # ran on another storage path
+        assert store.claim_study("w", 60) is not None
+        store.finish_study(elsewhere.id, "completed")
+        store.delete_study(elsewhere.id)
         kept, gone = (store.create_study("digits", spec, 1) for _ in range(2))
         names = {s.id: experiment_name(s.id, s.created_at) for s in (kept, gone)}
         store.delete_study(gone.id)  # its record waits for a worker
@@ -687,8 +692,10 @@ def test_storage_shows_each_studys_files_and_clean_frees_what_no_study_claims(
     cleaned = stagetune("storage", "--database-url", url, "--clean", env=env)
     assert cleaned.returncode == 0, cleaned.stderr
     assert cleaned.stdout.splitlines()[-1] == "removed 3 paths, 5.5 KB freed"
+    assert f"deleted study {elsewhere.id}: no files of study-{elsewhere.id}-" in cleaned.stdout
+    assert "for a worker whose storage path holds them" in cleaned.stdout
     assert all(p.is_dir() for p in mine)
     assert not any(p.exists() for p in (waiting, *strangers))
     assert (storage / "not-a-study").is_dir()
     with StudyStore(url) as store:
-        assert store.study_leftovers() == []
+        assert [x.study_id for x in store.study_leftovers()] == [elsewhere.id]
