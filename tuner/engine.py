@@ -674,6 +674,7 @@ class TuningEngine:
         self.train_size = train_size
         self.val_size = val_size
         self.val_size_option = val_size_option
+        self._reserves_why: str | None = None  # why reserves trained, for the summary
         self.callbacks = list(callbacks)
         self.seed_callbacks = list(seed_callbacks)
         self.should_stop = should_stop
@@ -1140,6 +1141,7 @@ class TuningEngine:
                 ", ".join(str(o.number) for o in extra),
             )
             stats += self._train_on_seeds(extra, seeds, self.reserve_experiment_path, reserve=True)
+            self._reserves_why = why
         return stats
 
     def _split_reads(self, chosen: Sequence[TrialOutcome]) -> float | None:
@@ -1300,6 +1302,7 @@ class TuningEngine:
             tie_break=self.resolved.spec.budget.tie_break,
             val_size=self.val_size,
             val_size_option=self.val_size_option,
+            reserves_why=self._reserves_why,
             extra={
                 "space": self.space.describe(),
                 "budget": self.budget,

@@ -616,9 +616,12 @@ def summarize(
     tie_break: TieBreak = "fewer_steps",
     val_size: int | None = None,
     val_size_option: str | None = None,
+    reserves_why: str | None = None,
 ) -> dict[str, Any]:
     """The study summary (stored as the study's ``summary`` JSON and printed by the CLI): the
     result, its comparison with each baseline, and counts.
+
+    ``reserves_why`` says why reserves trained on the fresh seeds (``seed_runs.reserves_why``).
 
     ``val_size`` (the task's validation samples) adds a sentence to the note when the
     seed-robust pick's lead is finer than one run on the split can read (:func:`_split_note`),
@@ -684,6 +687,7 @@ def summarize(
             if ahead is None
             else {**ahead.to_dict(), "note": tie or None, "split_note": split or None},
             "val_size": val_size,
+            "reserves_why": reserves_why if any(s.reserve for s in seed_runs) else None,
         }
     best_row = {} if best is None else best.to_dict(objective)
     for base in sorted((o for o in outcomes if o.baseline is not None), key=lambda o: o.number):
@@ -984,6 +988,12 @@ def search_text(summary: Mapping[str, Any]) -> str:
                 else "the best mean"
             )
         )
+        reserves = sum(1 for f in seeded["finalists"] if f.get("reserve"))
+        if reserves and seeded.get("reserves_why"):
+            parts.append(
+                f"{reserves} of them as reserve{'s' if reserves != 1 else ''}: "
+                f"{seeded['reserves_why']}"
+            )
     noise = summary.get("noise_candidate")
     if isinstance(noise, Mapping) and noise.get("number") is not None:
         parts.append(
