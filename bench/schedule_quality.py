@@ -548,8 +548,11 @@ def _seed_note(seeded: Mapping[str, Any], metric: Metric) -> str:
         (f for f in rows if f.get("number") == seeded.get("picked")), {}
     )
     reserves = sum(1 for f in rows if f.get("reserve"))
+    why = seeded.get("reserves_why")
     among = f"{len(rows) - reserves} finalists" + (
-        f" and {reserves} reserve(s) (the finalists' pick was unstable)" if reserves else ""
+        f" and {reserves} reserve(s) ({why or 'why: not recorded by this version'})"
+        if reserves
+        else ""
     )
     mean = stats.get("metric_mean", stats.get(f"{metric.name}_mean"))
     std = stats.get("metric_std", stats.get(f"{metric.name}_std"))

@@ -1070,8 +1070,8 @@ class TuningEngine:
 
     @property
     def reserve_experiment_path(self) -> Path:
-        """The reserves' seed runs (when the finalists' pick was unstable; see
-        :func:`tuner.seeds.reserves`), an experiment of their own."""
+        """The reserves' seed runs (an unstable pick, empty finalist places, the split's ties;
+        see :func:`tuner.seeds.reserves`), an experiment of their own."""
         return self.storage_path / f"{self.experiment_name}.reserves"
 
     def seeds(self) -> list[int]:

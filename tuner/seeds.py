@@ -121,7 +121,7 @@ class SeedStats:
     steps: float | None = None
     samples: float | None = None
     wall_time_s: float | None = None
-    reserve: bool = False  # trained because the finalists' pick was unstable (see reserves)
+    reserve: bool = False  # trained as a reserve (see reserves)
     metric: str = "val_accuracy"
     # The metric's per-sample standard deviation on the validation split, the mean over the
     # completed seed runs (None: the task does not report it): how finely the split reads it.
