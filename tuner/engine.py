@@ -90,7 +90,15 @@ from tuner.pbt import LINEAGE_KEY, SchedulePBT, initial_schedules, pbt_interval
 from tuner.prefixes import PrefixStore
 from tuner.recipes import UNJUDGED_VARIANTS
 from tuner.schedule import Schedule
-from tuner.seeds import SeedStats, finalists, fresh_seeds, pick, reserves, seed_stats
+from tuner.seeds import (
+    SeedStats,
+    finalists,
+    fresh_seeds,
+    pick,
+    reserves,
+    seed_stats,
+    split_ties,
+)
 from tuner.space import (
     ScheduleSpace,
     check_feasible,
@@ -1125,15 +1133,22 @@ class TuningEngine:
         )
         if extra and not (self.should_stop is not None and self.should_stop()):
             picked = pick(stats, self.objective, tie_break=budget.tie_break)
+            ties = {o.number for o in split_ties(outcomes, self.objective, stats, resolution)}
+            reasons = []
             if picked is not None and (picked.unstable or picked.failed):
-                why = "the pick's seed runs disagree"
-            elif open_slots > 0:
-                why = f"{open_slots} finalist place(s) empty (too few tuned trials ran to the end)"
+                reasons.append("the pick's seed runs disagree")
             else:
-                why = (
-                    f"the validation split reads one run to about ± {resolution or 0.0:.4g}, and "
-                    "these ran as close to a finalist"
-                )
+                if open_slots > 0 and any(o.number not in ties for o in extra):
+                    reasons.append(
+                        f"{open_slots} finalist place(s) empty (too few tuned trials ran to "
+                        "the end)"
+                    )
+                if any(o.number in ties for o in extra):
+                    reasons.append(
+                        f"the validation split reads one run to about ± {resolution or 0.0:.4g}, "
+                        "and some ran as close to a finalist"
+                    )
+            why = "; ".join(reasons)
             log.info(
                 "%s; %d reserve(s) train on the fresh seeds: %s",
                 why,
