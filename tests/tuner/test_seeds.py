@@ -210,7 +210,7 @@ def test_a_stable_pick_sends_the_runs_the_validation_split_cannot_tell_from_a_fi
     """The mnist1d quality benchmark's step-cap study on 8,000 validation samples: two TPE
     draws took the finalist places at 99.11 and 99.10 %, the batch warm-up recipe's variant
     ran 99.075 % (three samples fewer) and the recipe itself 99.025 %. One run there reads
-    accuracy to about ± 0.12 point, so those two are as much finalists as the others: they
+    accuracy to about ± 0.105 point, so those two are as much finalists as the others: they
     train on the fresh seeds too (up to reserve_finalists, best first); a run further off,
     one the search stopped, a baseline and an unknown resolution send none."""
     obj = objective()
