@@ -18,8 +18,10 @@ from optuna.trial import TrialState
 
 from tests.seed_pick import checked_pick
 from tuner.engine import (
+    PBT_CHECKPOINTS_KEPT,
     RunStopper,
     TuningEngine,
+    checkpoint_bytes,
     concurrency_for,
     rung_epochs,
     unreadable_state,
@@ -632,6 +634,40 @@ def test_pbt_grows_schedules_by_cloning_and_perturbing_at_its_interval(
             assert donor != o.number
     assert result.summary["search"] == "pbt"
     assert result.summary["noise_candidate"]["note"].startswith("PBT grows")
+
+
+def test_pbt_keeps_only_the_newest_checkpoints_of_each_trial(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """A PBT trial saves its state at every perturbation epoch where it waits for the
+    population (or is one the others may clone), so with a perturbation every epoch each trial
+    saves more states than Tune keeps. Tune deletes all but the newest PBT_CHECKPOINTS_KEPT of
+    each trial as it goes, so a study's checkpoint disk use stays bounded whatever its number of
+    perturbations, and the summary reports the bytes left on the storage path."""
+    text = (
+        "task: digits\nschedule: {total_epochs: 7}\nbaselines: false\n"
+        "space: {stages: {min: 1, max: 3}, batch_size: {min: 32, max: 512}}\n"
+        "budget: {trials: 4, search: pbt, pbt_interval_epochs: 1, seed_runs: 0,"
+        " max_failures: 0}"
+    )
+    result = engine(tmp_path, text).run()
+    assert all(o.status == "completed" and o.epochs_done == 7 for o in result.outcomes)
+    experiment = tmp_path / "ray" / "study-1"
+    kept = {
+        trial.name: sorted(int(c.name.rsplit("_", 1)[1]) for c in trial.glob("checkpoint_*"))
+        for trial in experiment.iterdir()
+        if trial.is_dir() and trial.name.startswith("trial_")
+    }
+    assert len(kept) == 4
+    # Tune numbers a trial's checkpoints from 0: an index past the number kept means it saved
+    # more and deleted the oldest.
+    assert any(k and k[-1] >= PBT_CHECKPOINTS_KEPT for k in kept.values()), kept
+    for indices in kept.values():
+        assert len(indices) <= PBT_CHECKPOINTS_KEPT
+        assert not indices or indices[0] > indices[-1] - PBT_CHECKPOINTS_KEPT  # the newest
+    checkpoints = result.summary["pbt"]["checkpoints"]
+    assert checkpoints["kept_per_trial"] == PBT_CHECKPOINTS_KEPT
+    assert checkpoints["bytes"] == checkpoint_bytes(experiment) > 0
 
 
 @pytest.mark.timeout(240)
