@@ -76,6 +76,7 @@ from tuner.engine_search import (
     TrialMeta,
 )
 from tuner.errors import StagetuneError, ValidationError
+from tuner.formatting import format_metric_spread
 from tuner.leftovers import disk_bytes
 from tuner.objectives import (
     StudyObjective,
@@ -1145,7 +1146,8 @@ class TuningEngine:
                     )
                 if any(o.number in ties for o in extra):
                     reasons.append(
-                        f"the validation split reads one run to about ± {resolution or 0.0:.4g}, "
+                        "the validation split reads one run to about "
+                        f"{format_metric_spread(resolution, self.objective.metric)}, "
                         "and some ran as close to a finalist"
                     )
             why = "; ".join(reasons)

@@ -92,6 +92,20 @@ def format_metric(value: float | None, metric: str, *, percent: bool = False) ->
     return f"{value:.4g}"
 
 
+def format_metric_spread(spread: float | None, metric: str) -> str:
+    """How finely a figure of a metric reads, unsigned and to 3 significant digits: an
+    accuracy's in percentage points (``spread`` a fraction: ``± 0.105 points``), a PSNR's in
+    dB (``± 0.304 dB``), any other metric's in its own units (``± 0.0221``); ``± ?`` when
+    unknown."""
+    if spread is None or not math.isfinite(spread):
+        return "± ?"
+    if _is_accuracy(metric):
+        return f"± {100 * spread:.3g} points"
+    if "psnr" in metric:
+        return f"± {spread:.3g} dB"
+    return f"± {spread:.3g}"
+
+
 def format_metric_delta(delta: float | None, metric: str) -> str:
     """A difference of two values of a metric, signed: an accuracy's in percentage points
     (``delta`` already in points: ``+0.05 points``), a PSNR's in dB (``-0.12 dB``), any other
