@@ -92,6 +92,14 @@ def format_metric(value: float | None, metric: str, *, percent: bool = False) ->
     return f"{value:.4g}"
 
 
+def _difference_unit(metric: str) -> str:
+    """The unit a difference of a metric's values is written in: percentage points for an
+    accuracy, dB for a PSNR, none (the metric's own units) otherwise."""
+    if _is_accuracy(metric):
+        return " points"
+    return " dB" if "psnr" in metric else ""
+
+
 def format_metric_spread(spread: float | None, metric: str) -> str:
     """How finely a figure of a metric reads, unsigned and to 3 significant digits: an
     accuracy's in percentage points (``spread`` a fraction: ``± 0.105 points``), a PSNR's in
@@ -99,11 +107,8 @@ def format_metric_spread(spread: float | None, metric: str) -> str:
     unknown."""
     if spread is None or not math.isfinite(spread):
         return "± ?"
-    if _is_accuracy(metric):
-        return f"± {100 * spread:.3g} points"
-    if "psnr" in metric:
-        return f"± {spread:.3g} dB"
-    return f"± {spread:.3g}"
+    value = 100 * spread if _is_accuracy(metric) else spread
+    return f"± {value:.3g}{_difference_unit(metric)}"
 
 
 def format_metric_delta(delta: float | None, metric: str) -> str:
@@ -112,8 +117,5 @@ def format_metric_delta(delta: float | None, metric: str) -> str:
     metric's in its own units to 4 significant digits (``+0.0023``); ``-`` when unknown."""
     if delta is None or not math.isfinite(delta):
         return "-"
-    if _is_accuracy(metric):
-        return f"{delta:+.2f} points"
-    if "psnr" in metric:
-        return f"{delta:+.2f} dB"
-    return f"{delta:+.4g}"
+    unit = _difference_unit(metric)
+    return f"{delta:+.2f}{unit}" if unit else f"{delta:+.4g}"
