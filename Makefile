@@ -9,9 +9,9 @@ STAMP  := $(VENV)/.installed
 # byte-compiled at install: with PYTHONDONTWRITEBYTECODE set, as on some CI machines, every
 # process would otherwise compile torch and Ray again (the test suite ran 1.75x slower). pip
 # compiles one file at a time, so it installs without compiling and compileall then uses every
-# core (on a 2-core machine: 72 s for the whole set-up instead of 103). compileall's status is
-# not checked: a few files are written for other Python versions (torch's py312_intrinsics.py)
-# and never compile, which pip passes over the same way.
+# core (on a 2-core machine the installs took 72 s instead of 103; the set-up, 91 s). compileall's
+# status is not checked: a few files are written for other Python versions (torch's
+# py312_intrinsics.py) and never compile, which pip passes over the same way.
 TORCH  := torch==2.13.0
 
 .PHONY: demo test lint typecheck setup clean system-deps
