@@ -50,6 +50,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import statistics
 import threading
@@ -611,6 +612,41 @@ def checkpoint_bytes(experiment: Path) -> int:
     return sum(disk_bytes(checkpoint) for checkpoint in experiment.glob("*/checkpoint_*"))
 
 
+def remove_untracked_checkpoints(grid: tune.ResultGrid) -> int:
+    """Delete the trial checkpoints of a finished Tune run that no trial tracks any more;
+    returns how many.
+
+    Tune deletes all but the newest ``num_to_keep`` of a trial's checkpoints as it registers
+    each, but a deletion that finds a path already gone raises and leaves the rest of that
+    round on disk, out of its bookkeeping (Ray 2.60; seen once in a PBT study, a trial left
+    with checkpoints 0 and 2-5). Only a run whose trials are all finished is swept: what a
+    trial tracks (its kept checkpoints, and its latest, which after a PBT clone is the donor's)
+    stays, so this never takes a state that a resume or a clone reads."""
+    tracked: set[Path] = set()
+    trial_dirs: list[Path] = []
+    for index in range(len(grid)):
+        result = grid[index]
+        trial_dirs.append(Path(result.path))
+        if result.checkpoint is not None:
+            tracked.add(Path(result.checkpoint.path))
+        tracked.update(Path(checkpoint.path) for checkpoint, _ in result.best_checkpoints or ())
+    removed = 0
+    for trial_dir in trial_dirs:
+        for checkpoint in trial_dir.glob("checkpoint_*"):
+            if checkpoint in tracked or not checkpoint.is_dir():
+                continue
+            shutil.rmtree(checkpoint, ignore_errors=True)
+            removed += 1
+    if removed:
+        log.warning(
+            "removed %d trial checkpoint%s that Ray Tune no longer tracked (its clean-up had "
+            "left them on disk)",
+            removed,
+            "" if removed == 1 else "s",
+        )
+    return removed
+
+
 @contextmanager
 def _checkpoint_every_step() -> Iterator[None]:
     previous = os.environ.get(CHECKPOINT_PERIOD_ENV)
@@ -684,6 +720,8 @@ class TuningEngine:
         self.val_size = val_size
         self.val_size_option = val_size_option
         self._reserves_why: str | None = None  # why reserves trained, for the summary
+        # PBT checkpoints Tune's clean-up left untracked, removed after the search
+        self._untracked_checkpoints_removed = 0
         self.callbacks = list(callbacks)
         self.seed_callbacks = list(seed_callbacks)
         self.should_stop = should_stop
@@ -840,10 +878,12 @@ class TuningEngine:
             "interval_epochs": every,
             "population": self.budget - len(self.baselines),
             # Tune's trial checkpoints on the storage path when the search ended (the newest
-            # PBT_CHECKPOINTS_KEPT per trial; they go when the study is deleted)
+            # PBT_CHECKPOINTS_KEPT per trial; they go when the study is deleted), and how many
+            # its clean-up had left untracked (removed then)
             "checkpoints": {
                 "bytes": checkpoint_bytes(self.experiment_path),
                 "kept_per_trial": PBT_CHECKPOINTS_KEPT,
+                "untracked_removed": self._untracked_checkpoints_removed,
             },
             "lineages": {
                 str(o.number): o.extra.get("pbt_lineage") or []
@@ -1289,6 +1329,8 @@ class TuningEngine:
             gone = LIVE_RUNS.pop(self.live_key, None)
             if gone is not None:
                 gone.close()
+        if self.pbt:
+            self._untracked_checkpoints_removed = remove_untracked_checkpoints(grid)
         outcomes = [o for _, o, _ in _outcomes(grid.experiment_path, self)]
         # Trials the database holds as finished are the study's record of them (a worker
         # without the experiment directory did not run them at all).

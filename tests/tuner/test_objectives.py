@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from pydantic import BaseModel, ConfigDict
@@ -296,6 +296,28 @@ def test_search_text_shows_the_disk_the_boundary_states_took() -> None:
     summary["prefixes"] = {"states": 0, "bytes": 0, "forks": 0, "epochs_reused": 0}
     assert search_text(summary).endswith(
         "0 trials forked from shared prefixes, 0 epochs not trained again"
+    )
+
+
+def test_search_text_says_when_tunes_leftover_pbt_checkpoints_were_removed() -> None:
+    summary: dict[str, Any] = {
+        "search_compute_epochs": 28.0,
+        "compute_epochs": 28.0,
+        "pbt": {
+            "population": 4,
+            "interval_epochs": 1,
+            "lineages": {"0": [[3, 2]], "1": []},
+            "checkpoints": {"bytes": 3 * 2**20, "kept_per_trial": 4, "untracked_removed": 0},
+        },
+    }
+    assert search_text(summary).endswith(
+        "PBT: a population of 4 perturbed every 1 epochs, 1 clone of a better trial's state "
+        "(checkpoints: 3.0 MB on disk, the newest 4 per trial)"
+    )
+    summary["pbt"]["checkpoints"]["untracked_removed"] = 2
+    assert search_text(summary).endswith(
+        "(checkpoints: 3.0 MB on disk, the newest 4 per trial; 2 that Tune's clean-up left "
+        "untracked removed)"
     )
 
 

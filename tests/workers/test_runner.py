@@ -501,7 +501,9 @@ def test_a_pbt_study_exports_its_winning_lineage_as_a_schedule(
     assert per_trial, sorted(experiment.iterdir())
     assert max(per_trial.values()) <= 4
     saved = summary["pbt"]["checkpoints"]
-    assert saved == {"bytes": checkpoint_bytes(experiment), "kept_per_trial": 4}
+    assert saved["bytes"] == checkpoint_bytes(experiment)
+    assert saved["kept_per_trial"] == 4
+    assert saved["untracked_removed"] >= 0  # Tune's clean-up rarely leaves any
     assert saved["bytes"] > 0
     assert f"(checkpoints: {format_bytes(saved['bytes'])} on disk" in search_text(summary)
     store.delete_study(study.id)
