@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from tuner.errors import ValidationError
-from tuner.formatting import format_duration, format_objective
+from tuner.formatting import MetricKind, format_duration, format_objective, metric_kind
 from tuner.noise_candidate import StepFloor, step_floor_text
 from tuner.objectives import (
     compare,
@@ -121,18 +121,11 @@ def _finite(value: float | None, digits: int | None = None) -> float | None:
     return round(value, digits) if digits is not None else float(value)
 
 
-def metric_format(name: str) -> str:
+def metric_format(name: str) -> MetricKind:
     """How a value named ``name`` is shown: ``percent`` (an accuracy), ``db`` (a PSNR),
-    ``duration`` (wall time), ``count`` (steps) or ``number``; the page formats the same way."""
-    if "accuracy" in name:
-        return "percent"
-    if "psnr" in name:
-        return "db"
-    if "wall_time" in name:
-        return "duration"
-    if "steps" in name:
-        return "count"
-    return "number"
+    ``duration`` (wall time), ``count`` (steps) or ``number``, by the one rule of
+    :func:`tuner.formatting.metric_kind`; the page formats each kind."""
+    return metric_kind(name)
 
 
 # -- objective ------------------------------------------------------------------------------

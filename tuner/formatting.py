@@ -1,7 +1,11 @@
 """How durations, sizes and metric values read wherever stagetune prints them (CLI tables,
 dashboard, API texts).
 
-One rule: a duration keeps two significant digits below 10 s (``0.043s``, ``0.43s``,
+What a value is follows from its name, by one rule (:func:`metric_kind`): an accuracy (a
+fraction, shown as a percentage; its differences in percentage points), a PSNR (dB), a wall
+time (a duration), a step count, or any other number (a loss, in its own units).
+
+A duration keeps two significant digits below 10 s (``0.043s``, ``0.43s``,
 ``3.2s``: the trials of small tasks take well under a second, and "0s" says nothing), whole
 seconds up to a minute, then the two largest units (``3m 07s``, ``2h 05m``, ``1d 01h``). The
 dashboard's ``fmtDuration`` (``api/static/dashboard.js``) follows the same rule; a browser
@@ -11,14 +15,42 @@ test checks them against each other.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 __all__ = [
+    "MetricKind",
     "format_bytes",
     "format_duration",
     "format_metric",
     "format_metric_delta",
+    "format_metric_spread",
     "format_objective",
+    "in_own_units",
+    "metric_kind",
 ]
+
+MetricKind = Literal["percent", "db", "duration", "count", "number"]
+
+
+def metric_kind(name: str) -> MetricKind:
+    """What a value named ``name`` is: ``percent`` (an accuracy, a fraction), ``db`` (a PSNR),
+    ``duration`` (wall time), ``count`` (steps) or ``number`` (anything else: a loss, an error).
+    The dashboard's page formats by the same kinds (``api.dashboard_data``)."""
+    if "accuracy" in name:
+        return "percent"
+    if "psnr" in name:
+        return "db"
+    if "wall_time" in name:
+        return "duration"
+    if "steps" in name:
+        return "count"
+    return "number"
+
+
+def in_own_units(metric: str) -> bool:
+    """Whether differences of the metric are in its own units (a loss), not percentage points
+    (an accuracy) or dB (a PSNR)."""
+    return _difference_unit(metric) == ""
 
 
 def format_duration(seconds: float | None) -> str:
@@ -63,19 +95,20 @@ def format_objective(value: float | None, name: str) -> str:
     as a count, wall time as a duration, any other metric (a loss) to 4 significant digits."""
     if value is None or not math.isfinite(value):
         return "—"
-    if "accuracy" in name:
+    kind = metric_kind(name)
+    if kind == "percent":
         return f"{value * 100:.2f}%"
-    if "psnr" in name:
+    if kind == "db":
         return f"{value:.2f} dB"
-    if "wall_time" in name:
+    if kind == "duration":
         return format_duration(value)
-    if "steps" in name:
+    if kind == "count":
         return f"{value:,.0f} steps"
     return f"{value:.4g}"
 
 
 def _is_accuracy(metric: str) -> bool:
-    return "accuracy" in metric
+    return metric_kind(metric) == "percent"
 
 
 def format_metric(value: float | None, metric: str, *, percent: bool = False) -> str:
@@ -87,7 +120,7 @@ def format_metric(value: float | None, metric: str, *, percent: bool = False) ->
         return "-"
     if _is_accuracy(metric):
         return f"{100 * value:.2f}%" if percent else f"{value:.4f}"
-    if "psnr" in metric:
+    if metric_kind(metric) == "db":
         return f"{value:.2f} dB"
     return f"{value:.4g}"
 
@@ -95,9 +128,10 @@ def format_metric(value: float | None, metric: str, *, percent: bool = False) ->
 def _difference_unit(metric: str) -> str:
     """The unit a difference of a metric's values is written in: percentage points for an
     accuracy, dB for a PSNR, none (the metric's own units) otherwise."""
-    if _is_accuracy(metric):
+    kind = metric_kind(metric)
+    if kind == "percent":
         return " points"
-    return " dB" if "psnr" in metric else ""
+    return " dB" if kind == "db" else ""
 
 
 def format_metric_spread(spread: float | None, metric: str) -> str:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import StagetuneError, ValidationError
-from tuner.formatting import format_metric, format_metric_delta
+from tuner.formatting import format_metric, format_metric_delta, in_own_units, metric_kind
 from tuner.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class ReplayResult:
     @property
     def is_accuracy(self) -> bool:
         """Whether :attr:`metric` is an accuracy (a fraction; differences in points)."""
-        return "accuracy" in self.metric
+        return metric_kind(self.metric) == "percent"
 
     @property
     def value(self) -> float | None:
@@ -149,7 +149,7 @@ class ReplayResult:
                 f", recorded {self._text(self.recorded_value)}{where}: "
                 f"{format_metric_delta(diff, self.metric)}"
             )
-            if not self.is_accuracy and "psnr" not in self.metric:
+            if in_own_units(self.metric):
                 line += " (in the metric's own units)"
         else:
             line += f", no recorded {label} to compare with"

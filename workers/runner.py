@@ -37,7 +37,7 @@ from tuner.engine import SEED_RUN_KEY, EngineResult, TuningEngine
 from tuner.engine_search import PriorTrial, TrialMeta
 from tuner.errors import InvalidStateError, NotFoundError, StagetuneError, ValidationError
 from tuner.export import export_yaml
-from tuner.formatting import format_duration, format_metric
+from tuner.formatting import format_duration, format_metric, metric_kind
 from tuner.noise_candidate import step_floor_of_epochs, step_floor_text
 from tuner.objectives import (
     StudyObjective,
@@ -708,7 +708,7 @@ def print_result(result: StudyResult, console: Any) -> None:
     if isinstance(written, Mapping) and isinstance(written.get("metric"), str):
         metric = written["metric"]
     heading = "val_acc" if metric == "val_accuracy" else metric
-    if "psnr" in metric:
+    if metric_kind(metric) == "db":
         heading += " (dB)"
     table = Table(title=f"study {result.study_id}: {result.status}", show_lines=False)
     columns = ["trial", "kind", "schedule", heading, "steps", "wall time", "mean batch"]

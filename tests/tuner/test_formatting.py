@@ -22,3 +22,29 @@ def test_a_delta_is_signed_in_the_same_units() -> None:
     assert format_metric_delta(0.05, "val_accuracy") == "+0.05 points"
     assert format_metric_delta(-0.12, "val_psnr") == "-0.12 dB"
     assert format_metric_delta(0.0023, "val_loss") == "+0.0023"
+
+
+def test_one_rule_tells_what_a_metric_is_wherever_it_is_shown() -> None:
+    """The CLI's table, the replay's comparison, the search line and the dashboard's columns
+    read a metric's kind from its name by one rule, so they cannot disagree."""
+    from api.dashboard_data import metric_format
+    from tuner.formatting import format_metric, format_objective, in_own_units, metric_kind
+
+    kinds = {
+        "val_accuracy": "percent",
+        "test_top5_accuracy": "percent",
+        "val_psnr": "db",
+        "wall_time_s": "duration",
+        "steps": "count",
+        "val_loss": "number",
+        "val_perplexity": "number",
+    }
+    for name, kind in kinds.items():
+        assert metric_kind(name) == kind
+        assert metric_format(name) == kind
+        assert in_own_units(name) == (kind not in ("percent", "db"))
+    assert format_objective(0.9712, "val_accuracy") == "97.12%"
+    assert format_metric(0.9712, "test_top5_accuracy", percent=True) == "97.12%"
+    assert format_metric(27.314, "val_psnr") == "27.31 dB"
+    assert format_objective(1234, "steps") == "1,234 steps"
+    assert format_metric(0.31234, "val_loss") == "0.3123"

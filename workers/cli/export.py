@@ -291,7 +291,7 @@ def replay(
     """Train an exported schedule once with the trials' code and compare the study's metric
     (validation accuracy for classification) with the value recorded in the YAML's
     provenance."""
-    from tuner.formatting import format_metric, format_metric_delta
+    from tuner.formatting import format_metric, format_metric_delta, in_own_units
     from tuner.schedule import Schedule
     from workers.replay import metric_label, recorded_metric
     from workers.replay import replay as run_replay
@@ -346,7 +346,7 @@ def replay(
             raise typer.Exit(1)
         if abs(diff) > tolerance:
             by = format_metric_delta(abs(diff), result.metric).lstrip("+")
-            if not result.is_accuracy and "psnr" not in result.metric:
+            if in_own_units(result.metric):
                 by += f" ({metric_label(result.metric)}, in its own units)"
             typer.echo(f"the replay differs by {by}, more than --tolerance {tolerance:g}", err=True)
             raise typer.Exit(1)
