@@ -50,6 +50,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -628,12 +629,16 @@ def remove_untracked_checkpoints(grid: tune.ResultGrid) -> int:
         result = grid[index]
         trial_dirs.append(Path(result.path))
         if result.checkpoint is not None:
-            tracked.add(Path(result.checkpoint.path))
-        tracked.update(Path(checkpoint.path) for checkpoint, _ in result.best_checkpoints or ())
+            tracked.add(Path(result.checkpoint.path).resolve())
+        tracked.update(
+            Path(checkpoint.path).resolve() for checkpoint, _ in result.best_checkpoints or ()
+        )
     removed = 0
     for trial_dir in trial_dirs:
         for checkpoint in trial_dir.glob("checkpoint_*"):
-            if checkpoint in tracked or not checkpoint.is_dir():
+            if not re.fullmatch(r"checkpoint_\d+", checkpoint.name) or not checkpoint.is_dir():
+                continue
+            if checkpoint.resolve() in tracked:
                 continue
             shutil.rmtree(checkpoint, ignore_errors=True)
             removed += 1
