@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from tuner.errors import ValidationError
-from tuner.formatting import MetricKind, format_duration, format_objective, metric_kind
+from tuner.formatting import format_duration, format_objective, metric_kind
 from tuner.noise_candidate import StepFloor, step_floor_text
 from tuner.objectives import (
     compare,
@@ -64,7 +64,6 @@ __all__ = [
     "format_duration",
     "format_objective",
     "is_live",
-    "metric_format",
     "objective_info",
     "param_importance",
     "schedule_picture",
@@ -121,13 +120,6 @@ def _finite(value: float | None, digits: int | None = None) -> float | None:
     return round(value, digits) if digits is not None else float(value)
 
 
-def metric_format(name: str) -> MetricKind:
-    """How a value named ``name`` is shown: ``percent`` (an accuracy), ``db`` (a PSNR),
-    ``duration`` (wall time), ``count`` (steps) or ``number``, by the one rule of
-    :func:`tuner.formatting.metric_kind`; the page formats each kind."""
-    return metric_kind(name)
-
-
 # -- objective ------------------------------------------------------------------------------
 
 
@@ -150,7 +142,8 @@ def objective_info(
         "metric": metric,
         "metric_direction": direction,
         "metric_label": words,
-        "metric_format": metric_format(metric),
+        # how the page formats the metric's values (tuner.formatting.metric_kind)
+        "metric_format": metric_kind(metric),
     }
     label = objective_label(objective, metric, direction)
     if kind == "time_to_accuracy":

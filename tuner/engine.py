@@ -725,8 +725,6 @@ class TuningEngine:
         self.val_size = val_size
         self.val_size_option = val_size_option
         self._reserves_why: str | None = None  # why reserves trained, for the summary
-        # PBT checkpoints Tune's clean-up left untracked, removed after the search
-        self._untracked_checkpoints_removed = 0
         self.callbacks = list(callbacks)
         self.seed_callbacks = list(seed_callbacks)
         self.should_stop = should_stop
@@ -875,7 +873,9 @@ class TuningEngine:
             "epochs_reused": sum(forked),
         }
 
-    def _pbt_summary(self, outcomes: Sequence[TrialOutcome]) -> dict[str, Any]:
+    def _pbt_summary(
+        self, outcomes: Sequence[TrialOutcome], untracked_removed: int
+    ) -> dict[str, Any]:
         """PBT's perturbation epochs and, per tuned trial, the clones its lineage went
         through (``[[epoch, trial cloned], ...]``)."""
         every = pbt_interval(self.space, self.resolved.spec.budget.pbt_interval_epochs)
@@ -888,7 +888,7 @@ class TuningEngine:
             "checkpoints": {
                 "bytes": checkpoint_bytes(self.experiment_path),
                 "kept_per_trial": PBT_CHECKPOINTS_KEPT,
-                "untracked_removed": self._untracked_checkpoints_removed,
+                "untracked_removed": untracked_removed,
             },
             "lineages": {
                 str(o.number): o.extra.get("pbt_lineage") or []
@@ -1334,8 +1334,8 @@ class TuningEngine:
             gone = LIVE_RUNS.pop(self.live_key, None)
             if gone is not None:
                 gone.close()
-        if self.pbt:
-            self._untracked_checkpoints_removed = remove_untracked_checkpoints(grid)
+        # PBT checkpoints Tune's clean-up left untracked, removed once the search is over
+        untracked_removed = remove_untracked_checkpoints(grid) if self.pbt else 0
         outcomes = [o for _, o, _ in _outcomes(grid.experiment_path, self)]
         # Trials the database holds as finished are the study's record of them (a worker
         # without the experiment directory did not run them at all).
@@ -1381,7 +1381,7 @@ class TuningEngine:
                 if self.probes or self.pbt
                 else None,
                 "search": self.resolved.spec.budget.search,
-                "pbt": self._pbt_summary(outcomes) if self.pbt else None,
+                "pbt": self._pbt_summary(outcomes, untracked_removed) if self.pbt else None,
                 "stagewise": self._stagewise_summary(outcomes) if self.stagewise else None,
                 "prefixes": self._prefix_summary(outcomes),
                 "noise_candidate": self._noise_summary(outcomes),

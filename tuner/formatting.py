@@ -35,7 +35,7 @@ MetricKind = Literal["percent", "db", "duration", "count", "number"]
 def metric_kind(name: str) -> MetricKind:
     """What a value named ``name`` is: ``percent`` (an accuracy, a fraction), ``db`` (a PSNR),
     ``duration`` (wall time), ``count`` (steps) or ``number`` (anything else: a loss, an error).
-    The dashboard's page formats by the same kinds (``api.dashboard_data``)."""
+    The dashboard's page formats values by the same kinds."""
     if "accuracy" in name:
         return "percent"
     if "psnr" in name:
@@ -118,9 +118,10 @@ def format_metric(value: float | None, metric: str, *, percent: bool = False) ->
     or non-finite value."""
     if value is None or isinstance(value, bool) or not math.isfinite(value):
         return "-"
-    if _is_accuracy(metric):
+    kind = metric_kind(metric)
+    if kind == "percent":
         return f"{100 * value:.2f}%" if percent else f"{value:.4f}"
-    if metric_kind(metric) == "db":
+    if kind == "db":
         return f"{value:.2f} dB"
     return f"{value:.4g}"
 

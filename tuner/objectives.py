@@ -1021,15 +1021,12 @@ def search_text(summary: Mapping[str, Any]) -> str:
         saved = pbt.get("checkpoints")
         if isinstance(saved, Mapping) and isinstance(saved.get("bytes"), int | float):
             untracked = int(saved.get("untracked_removed") or 0)
+            removed = ""
+            if untracked:
+                removed = f"; {untracked} that Tune's clean-up left untracked removed"
             text += (
                 f" (checkpoints: {format_bytes(saved['bytes'])} on disk, the newest "
-                f"{saved.get('kept_per_trial')} per trial"
-                + (
-                    f"; {untracked} that Tune's clean-up left untracked removed"
-                    if untracked
-                    else ""
-                )
-                + ")"
+                f"{saved.get('kept_per_trial')} per trial{removed})"
             )
         parts.append(text)
     prefixes = summary.get("prefixes")

@@ -27,7 +27,7 @@ def test_a_delta_is_signed_in_the_same_units() -> None:
 def test_one_rule_tells_what_a_metric_is_wherever_it_is_shown() -> None:
     """The CLI's table, the replay's comparison, the search line and the dashboard's columns
     read a metric's kind from its name by one rule, so they cannot disagree."""
-    from api.dashboard_data import metric_format
+    from api.dashboard_data import objective_info
     from tuner.formatting import format_metric, format_objective, in_own_units, metric_kind
 
     kinds = {
@@ -41,7 +41,8 @@ def test_one_rule_tells_what_a_metric_is_wherever_it_is_shown() -> None:
     }
     for name, kind in kinds.items():
         assert metric_kind(name) == kind
-        assert metric_format(name) == kind
+        shown = objective_info({}, {"objective": {"metric": name, "metric_direction": "max"}})
+        assert shown["metric_format"] == kind
         assert in_own_units(name) == (kind not in ("percent", "db"))
     assert format_objective(0.9712, "val_accuracy") == "97.12%"
     assert format_metric(0.9712, "test_top5_accuracy", percent=True) == "97.12%"
