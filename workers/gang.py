@@ -18,6 +18,7 @@ A broken gang refuses further calls; callers create a fresh one.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import socket
@@ -28,6 +29,8 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from tuner.errors import StagetuneError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Gang",
@@ -198,6 +201,8 @@ class Gang:
         collective_timeout_s: float = 1800.0,
         start_timeout_s: float = 300.0,
         failure_grace_s: float = 10.0,
+        pool: Any = None,
+        pool_key: str = "",
     ) -> None:
         import ray
         from ray.util.placement_group import placement_group as make_placement_group
@@ -211,6 +216,12 @@ class Gang:
         self.failure_grace_s = failure_grace_s
         self._broken: str | None = None
         self._own_pg = placement_group is None
+        # A gang borrowed from the driver's pool (workers.gang_pool): its lease, key and nodes.
+        self._pool: Any = None
+        self._lease: int | None = None
+        self._pool_key = pool_key
+        self._nodes: tuple[str, ...] = ()
+        self.reused_from_pool = False
         if placement_group is None:
             bundle: dict[str, float] = {"CPU": cpus_per_worker}
             if gpus_per_worker > 0:
@@ -226,8 +237,13 @@ class Gang:
                 )
             bundle_offset = 0
         self._pg = placement_group
+        self.actors: list[Any] = []
+        self.infos: tuple[WorkerInfo, ...] = ()
+        pooled = pool is not None and not self._own_pg and gpus_per_worker <= 0
+        if pooled and self._borrow(pool, placement_group, bundle_offset):
+            return  # a pooled gang, its process group already up
         actor_cls = ray.remote(GangMember)
-        self.actors: list[Any] = [
+        self.actors = self.actors or [
             actor_cls.options(
                 num_cpus=cpus_per_worker,
                 num_gpus=gpus_per_worker,
@@ -241,7 +257,6 @@ class Gang:
             ).remote(rank, world_size, cpus_per_worker, gpus_per_worker)
             for rank in range(world_size)
         ]
-        self.infos: tuple[WorkerInfo, ...] = ()
         try:
             gpu_ids = self._gather([a.gpu_ids.remote() for a in self.actors], "start")
             backend = "gloo"
@@ -264,9 +279,44 @@ class Gang:
                 "process group start",
             )
         except BaseException:
+            self._broken = self._broken or "the gang failed to start"  # never pooled
             self.shutdown()
             raise
         self.infos = tuple(infos)
+
+    def _borrow(self, pool: Any, placement_group: Any, bundle_offset: int) -> bool:
+        """Take a pooled gang for the bundles' nodes (True: ready to use), or have the pool
+        start new members there (False, ``actors`` set: join them as usual). Any failure
+        leaves ``actors`` empty: the caller then starts members in the placement group."""
+        import ray
+
+        try:
+            table = ray.util.placement_group_table(placement_group)["bundles_to_node_id"]
+            nodes = tuple(table[bundle_offset + r] for r in range(self.world_size))
+            borrower = ray.get_runtime_context().current_actor
+            got = ray.get(pool.take.remote(self._pool_key, nodes, borrower), timeout=60)
+            if got is not None:
+                lease, actors, infos = got
+                pings = [a.ping.remote() for a in actors]
+                done, _ = ray.wait(pings, num_returns=len(pings), timeout=30)
+                if len(done) == len(pings) and all(ray.get(done)):
+                    self._pool, self._lease, self._nodes = pool, lease, nodes
+                    self.actors, self.infos = list(actors), tuple(infos)
+                    self.reused_from_pool = True
+                    return True
+                pool.drop.remote(lease)  # a pooled member died: start afresh
+            created = ray.get(pool.create.remote(nodes, self.cpus_per_worker, borrower), timeout=60)
+            if created is not None:
+                self._lease, actors = created
+                self._pool, self._nodes = pool, nodes
+                self.actors = list(actors)
+        except Exception as exc:  # the pool is gone or unreachable: no pool for this gang
+            log.warning("the gang pool failed (%s); starting the gang without it", _short(exc))
+            if self._lease is not None:
+                with contextlib.suppress(Exception):
+                    pool.drop.remote(self._lease)
+            self._pool, self._lease, self.actors = None, None, []
+        return False
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -407,14 +457,30 @@ class Gang:
     def _kill(self) -> None:
         import ray
 
+        if self._pool is not None and self._lease is not None:
+            with contextlib.suppress(Exception):  # the pool is gone: its actors went with it
+                self._pool.drop.remote(self._lease)
+            self._lease = None
         for actor in self.actors:
             with contextlib.suppress(Exception):  # already gone
                 ray.kill(actor, no_restart=True)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Tear down the process group, kill the actors and release an own placement group."""
+        """Tear down the process group, kill the actors and release an own placement group;
+        a healthy gang borrowed from the pool goes back to it instead, process group and
+        all."""
         import ray
 
+        if self._broken is None and self._pool is not None and self._lease is not None:
+            lease, self._lease = self._lease, None
+            with contextlib.suppress(Exception):  # the pool is gone: its actors went with it
+                ray.get(
+                    self._pool.give_back.remote(lease, self._pool_key, self._nodes, self.infos),
+                    timeout=timeout_s,
+                )
+            self.actors = []
+            self._broken = "the gang went back to the pool"
+            return
         if self._broken is None and self.actors:
             refs = [a.shutdown.remote() for a in self.actors]
             ray.wait(refs, num_returns=len(refs), timeout=timeout_s)

@@ -53,6 +53,7 @@ from tuner.objectives import FAILURE_KEY, JUMP_KEY, loss_jump
 from tuner.prefixes import PrefixStore, boundaries, prefix_key
 from tuner.trial_config import TrialConfig, TrialResources
 from workers.gang import Gang, GangError
+from workers.gang_pool import driver_pool, pool_key
 from workers.trial_worker import TrialOOMError, trial_worker
 
 if TYPE_CHECKING:
@@ -218,14 +219,22 @@ class ScheduleTrainable(tune.Trainable):
                     f"wants {spec.workers} workers; let ScheduleTrainable.default_resource_"
                     "request size it (do not wrap it in tune.with_resources)"
                 )
+        factory = functools.partial(trial_worker, tasks=self.extra_tasks)
+        # Under Tune a CPU gang comes from (and goes back to) the driver's pool, so the next
+        # Tune experiment's trials start on warm workers (workers.gang_pool).
+        pool = driver_pool() if pg is not None and spec.gpus_per_worker <= 0 else None
         gang = Gang(
             spec.workers,
-            functools.partial(trial_worker, tasks=self.extra_tasks),
+            factory,
             cpus_per_worker=spec.cpus_per_worker,
             gpus_per_worker=spec.gpus_per_worker,
             placement_group=pg,
             bundle_offset=offset,
             collective_timeout_s=spec.collective_timeout_s,
+            pool=pool,
+            pool_key=""
+            if pool is None
+            else pool_key(spec.workers, spec.cpus_per_worker, spec.collective_timeout_s, factory),
         )
         self.gangs_created += 1
         return gang

@@ -1,0 +1,293 @@
+"""Gangs kept warm between Ray Tune experiments of one driver.
+
+Ray Tune reuses a trial actor, and with it its gang of worker processes, only inside one
+``Tuner.fit()``. A study runs several: the search, then the seed runs of its finalists (and
+reserves), and a dispatcher runs study after study. Each new experiment used to start every
+gang anew: a Ray worker process per rank, PyTorch and the trial loop imported, the process
+group joined, the first optimizer built (several seconds of CPU per rank, before the first
+epoch, however short the trial).
+
+The pool keeps a gang whose trial actor has stopped, for the next trial actor of the same
+driver that wants the same gang (:func:`pool_key`: world size, CPUs per worker, collective
+timeout and worker factory) on the same nodes. It is one Ray actor per driver (named, in
+the driver's namespace), detached so that it outlives the trial actors that borrow from it;
+the gangs' actors are its own (Ray kills them with it). It holds no resources: pooled gang
+members ask for no CPU, because while a trial uses one the trial's placement group already
+holds the CPUs of its worker bundles, and each member is pinned to the node of its bundle.
+So Tune's resource accounting is unchanged, and an idle pooled gang costs memory only.
+
+Bounds: a pooled gang is killed after :data:`IDLE_ENV` seconds unused (default 60; ``0``
+turns pooling off), at most :data:`MAX_IDLE` wait at once (the oldest go first); a gang lent
+to a trial actor that dies without giving it back is killed within seconds (the pool watches
+each borrower); the pool ends itself once it has held nothing for the idle time. GPU gangs
+are not pooled (a member with no GPU of its own would see none), nor gangs outside Ray Tune
+(which reserve their own placement group). Any pool failure falls back to a gang in the
+trial's placement group, as without the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.gang import GangMember, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "IDLE_ENV",
+    "MAX_IDLE",
+    "POOL_NAME",
+    "GangPool",
+    "driver_pool",
+    "idle_seconds",
+    "pool_key",
+]
+
+#: The pool actor of a driver is ``<POOL_NAME>-<the driver's Ray job id>`` in this namespace.
+POOL_NAME = "stagetune-gang-pool"
+POOL_NAMESPACE = "stagetune"
+#: Environment variable: seconds a pooled gang waits unused before it is killed; 0 = no pool.
+IDLE_ENV = "STAGETUNE_GANG_IDLE_S"
+DEFAULT_IDLE_S = 60.0
+#: At most this many gangs wait in the pool at once.
+MAX_IDLE = 4
+#: How often the pool checks idle gangs and borrowers.
+SWEEP_S = 2.0
+
+
+def idle_seconds() -> float:
+    """:data:`IDLE_ENV` as seconds (default 60); a bad value names the variable."""
+    raw = os.environ.get(IDLE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_IDLE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{IDLE_ENV} must be a number of seconds (0 = no pool), got {raw!r}"
+        ) from None
+    if value < 0 or value != value:
+        raise ValueError(f"{IDLE_ENV} must be 0 or more seconds, got {raw!r}")
+    return value
+
+
+def pool_key(
+    world_size: int, cpus_per_worker: float, collective_timeout_s: float, worker_factory: Any
+) -> str:
+    """Which gangs are interchangeable: same shape, same timeout, same worker factory
+    (compared pickled: a factory that pickles differently only loses reuse)."""
+    from ray import cloudpickle
+
+    pickled: bytes = cloudpickle.dumps(worker_factory)  # type: ignore[no-untyped-call]
+    digest = hashlib.sha256(pickled).hexdigest()[:16]
+    return f"{world_size}x{cpus_per_worker:g}cpu/{collective_timeout_s:g}s/{digest}"
+
+
+def driver_pool() -> Any | None:
+    """This driver's pool actor (started on first use), or None when pooling is off or the
+    pool cannot be reached (the caller then starts its gang as without one)."""
+    idle = idle_seconds()
+    if idle <= 0:
+        return None
+    import ray
+
+    try:
+        job = ray.get_runtime_context().get_job_id()
+        return (
+            ray.remote(GangPool)
+            .options(
+                name=f"{POOL_NAME}-{job}",
+                namespace=POOL_NAMESPACE,
+                get_if_exists=True,
+                lifetime="detached",
+                num_cpus=0,
+                max_concurrency=8,
+                max_restarts=0,
+                # not in the calling trial's placement group (Tune's trial actors capture
+                # their children into it, and it goes when the trial does)
+                scheduling_strategy="DEFAULT",
+            )
+            .remote(idle)
+        )
+    except Exception as exc:
+        log.warning("no gang pool (gangs start afresh): %s", exc)
+        return None
+
+
+@dataclass
+class _Pooled:
+    key: str
+    nodes: tuple[str, ...]
+    actors: list[Any]
+    infos: tuple[WorkerInfo, ...]
+    since: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Lent:
+    actors: list[Any]
+    borrower: Any
+    probe: Any = None
+
+
+class GangPool:
+    """The body of the pool actor (see the module docstring). Threaded: the sweeper runs
+    beside the borrowers' calls; every method holds the lock."""
+
+    def __init__(self, idle_s: float, max_idle: int = MAX_IDLE) -> None:
+        self._idle_s = idle_s
+        self._max_idle = max_idle
+        self._lock = threading.Lock()
+        self._pooled: list[_Pooled] = []
+        self._lent: dict[int, _Lent] = {}
+        self._leases = itertools.count(1)
+        self._empty_since = time.monotonic()
+        self._closing = False
+        #: Counters for logs and tests.
+        self.stats = {"created": 0, "reused": 0, "expired": 0, "reclaimed": 0}
+        threading.Thread(target=self._sweep_forever, name="gang-pool-sweep", daemon=True).start()
+
+    # ------------------------------------------------------------------ borrowers' calls
+
+    def take(
+        self, key: str, nodes: tuple[str, ...], borrower: Any
+    ) -> tuple[int, list[Any], tuple[WorkerInfo, ...]] | None:
+        """A pooled gang of ``key`` whose ranks sit on ``nodes``, lent to ``borrower``."""
+        with self._lock:
+            if self._closing:
+                return None
+            for i, pooled in enumerate(self._pooled):
+                if pooled.key == key and pooled.nodes == tuple(nodes):
+                    del self._pooled[i]
+                    lease = next(self._leases)
+                    self._lent[lease] = _Lent(pooled.actors, borrower)
+                    self.stats["reused"] += 1
+                    return lease, pooled.actors, pooled.infos
+            return None
+
+    def create(
+        self, nodes: tuple[str, ...], cpus_per_worker: float, borrower: Any
+    ) -> tuple[int, list[Any]] | None:
+        """New gang members, one per node in ``nodes`` (rank order), owned by the pool and
+        lent to ``borrower``; the borrower joins them into a process group."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        with self._lock:
+            if self._closing:
+                return None
+            member = ray.remote(GangMember)
+            world_size = len(nodes)
+            actors = [
+                member.options(
+                    num_cpus=0,
+                    num_gpus=0,
+                    max_restarts=0,
+                    max_concurrency=1,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                ).remote(rank, world_size, cpus_per_worker, 0.0)
+                for rank, node in enumerate(nodes)
+            ]
+            lease = next(self._leases)
+            self._lent[lease] = _Lent(actors, borrower)
+            self.stats["created"] += 1
+            return lease, actors
+
+    def give_back(
+        self, lease: int, key: str, nodes: tuple[str, ...], infos: tuple[WorkerInfo, ...]
+    ) -> bool:
+        """The borrower is done with a healthy gang: keep it for the next (False: the pool
+        is closing or full, and killed it instead)."""
+        with self._lock:
+            lent = self._lent.pop(lease, None)
+            if lent is None:
+                return False  # reclaimed meanwhile
+            if self._closing or self._idle_s <= 0:
+                _kill(lent.actors)
+                return False
+            self._pooled.append(_Pooled(key, tuple(nodes), lent.actors, tuple(infos)))
+            while len(self._pooled) > self._max_idle:
+                _kill(self._pooled.pop(0).actors)
+                self.stats["expired"] += 1
+            return True
+
+    def drop(self, lease: int) -> None:
+        """The borrower's gang broke (or failed to start): kill what is left of it."""
+        with self._lock:
+            lent = self._lent.pop(lease, None)
+            if lent is not None:
+                _kill(lent.actors)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return {**self.stats, "pooled": len(self._pooled), "lent": len(self._lent)}
+
+    # ------------------------------------------------------------------ the sweeper
+
+    def _sweep_forever(self) -> None:
+        while True:
+            time.sleep(SWEEP_S)
+            try:
+                if self._sweep():
+                    return
+            except Exception:  # never let the sweeper die silently
+                log.exception("the gang pool's sweep failed")
+
+    def _sweep(self) -> bool:
+        """Kill expired gangs and those of dead borrowers; True once the pool has ended."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        now = time.monotonic()
+        with self._lock:
+            keep = []
+            for pooled in self._pooled:
+                if now - pooled.since >= self._idle_s:
+                    _kill(pooled.actors)
+                    self.stats["expired"] += 1
+                else:
+                    keep.append(pooled)
+            self._pooled = keep
+            # A borrower answers ``__ray_ready__`` after its running call; a dead one fails it.
+            for lease, lent in list(self._lent.items()):
+                if lent.probe is None:
+                    lent.probe = lent.borrower.__ray_ready__.remote()
+                    continue
+                ready, _ = ray.wait([lent.probe], timeout=0)
+                if not ready:
+                    continue
+                try:
+                    ray.get(lent.probe)
+                    lent.probe = None
+                except RayActorError:
+                    _kill(lent.actors)
+                    del self._lent[lease]
+                    self.stats["reclaimed"] += 1
+                    log.warning(
+                        "a trial actor died holding gang lease %d; its gang is killed", lease
+                    )
+            if self._pooled or self._lent:
+                self._empty_since = now
+                return False
+            if now - self._empty_since < max(self._idle_s, SWEEP_S):
+                return False
+            self._closing = True
+        with contextlib.suppress(Exception):
+            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+        return True
+
+
+def _kill(actors: list[Any]) -> None:
+    import ray
+
+    for actor in actors:
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(actor, no_restart=True)
