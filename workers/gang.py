@@ -187,6 +187,11 @@ class Gang:
     gang reserves its own group of ``world_size`` bundles and releases it on shutdown.
     ``worker_factory(context)`` builds the worker object in each actor, after the process
     group is up; :meth:`call` invokes one of its methods on every rank.
+
+    ``pool`` (a :class:`workers.gang_pool.GangPool` actor; CPU gangs in a given placement
+    group only): the gang is taken from the pool when one of ``pool_key`` waits there on the
+    bundles' nodes, else the pool starts its members; :meth:`shutdown` gives a healthy gang
+    back instead of killing it.
     """
 
     def __init__(
@@ -297,9 +302,7 @@ class Gang:
             got = ray.get(pool.take.remote(self._pool_key, nodes, borrower), timeout=60)
             if got is not None:
                 lease, actors, infos = got
-                pings = [a.ping.remote() for a in actors]
-                done, _ = ray.wait(pings, num_returns=len(pings), timeout=30)
-                if len(done) == len(pings) and all(ray.get(done)):
+                if _answer(actors):
                     self._pool, self._lease, self._nodes = pool, lease, nodes
                     self.actors, self.infos = list(actors), tuple(infos)
                     self.reused_from_pool = True
@@ -492,6 +495,18 @@ class Gang:
             with contextlib.suppress(Exception):  # already removed (e.g. Ray shut down)
                 ray.util.remove_placement_group(self._pg)
             self._pg = None
+
+
+def _answer(actors: Sequence[Any], timeout_s: float = 30.0) -> bool:
+    """Whether every actor answers a ping within the timeout."""
+    import ray
+
+    pings = [a.ping.remote() for a in actors]
+    try:
+        done, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout_s)
+        return len(done) == len(pings) and all(ray.get(done))
+    except Exception:  # a dead actor
+        return False
 
 
 def _short(error: BaseException, limit: int = 400) -> str:

@@ -9,8 +9,9 @@ epoch, however short the trial).
 
 The pool keeps a gang whose trial actor has stopped, for the next trial actor of the same
 driver that wants the same gang (:func:`pool_key`: world size, CPUs per worker, collective
-timeout and worker factory) on the same nodes. It is one Ray actor per driver (named, in
-the driver's namespace), detached so that it outlives the trial actors that borrow from it;
+timeout and worker factory) on the same nodes. It is one Ray actor per driver job (named
+after the job), detached so that it outlives the trial actors that borrow from it, and
+started on the node of the first of them (a node that runs user code, not a head node);
 the gangs' actors are its own (Ray kills them with it). It holds no resources: pooled gang
 members ask for no CPU, because while a trial uses one the trial's placement group already
 holds the CPUs of its worker bundles, and each member is pinned to the node of its bundle.
@@ -98,9 +99,11 @@ def driver_pool() -> Any | None:
     if idle <= 0:
         return None
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     try:
-        job = ray.get_runtime_context().get_job_id()
+        context = ray.get_runtime_context()
+        job = context.get_job_id()
         return (
             ray.remote(GangPool)
             .options(
@@ -111,9 +114,12 @@ def driver_pool() -> Any | None:
                 num_cpus=0,
                 max_concurrency=8,
                 max_restarts=0,
-                # not in the calling trial's placement group (Tune's trial actors capture
-                # their children into it, and it goes when the trial does)
-                scheduling_strategy="DEFAULT",
+                # Beside the trial actor that starts it (a node that runs user code, not
+                # the head), and not in that actor's placement group: Tune's trial actors
+                # capture their children into it, and it goes when the trial does.
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    context.get_node_id(), soft=True
+                ),
             )
             .remote(idle)
         )
@@ -248,6 +254,8 @@ class GangPool:
 
         now = time.monotonic()
         with self._lock:
+            if self._pooled or self._lent:
+                self._empty_since = now  # the pool ends only once it has held nothing a while
             keep = []
             for pooled in self._pooled:
                 if now - pooled.since >= self._idle_s:
@@ -274,10 +282,7 @@ class GangPool:
                     log.warning(
                         "a trial actor died holding gang lease %d; its gang is killed", lease
                     )
-            if self._pooled or self._lent:
-                self._empty_since = now
-                return False
-            if now - self._empty_since < max(self._idle_s, SWEEP_S):
+            if self._pooled or self._lent or now - self._empty_since < self._idle_s:
                 return False
             self._closing = True
         with contextlib.suppress(Exception):

@@ -12,6 +12,8 @@ the trial's placement group and survives ``reset_config()``: with
 ``TuneConfig(reuse_actors=True)`` the next trial with the same resources reuses the actor, its
 worker processes, their process group and their cached task data, and only re-initialises
 model, optimizer and RNGs from the new trial's seed. Results do not depend on what ran before.
+When the actor stops, a CPU gang goes back to the driver's pool (:mod:`workers.gang_pool`),
+and the trials of the driver's next Tune experiment start on it instead of new processes.
 
 Failure behaviour: a diverged trial reports ``diverged: True`` and ``done: True`` with its
 metrics so far; a stage that does not fit in memory is retried with more accumulation and
