@@ -226,7 +226,6 @@ class Gang:
         self._lease: int | None = None
         self._pool_key = pool_key
         self._nodes: tuple[str, ...] = ()
-        self.reused_from_pool = False
         if placement_group is None:
             bundle: dict[str, float] = {"CPU": cpus_per_worker}
             if gpus_per_worker > 0:
@@ -305,7 +304,6 @@ class Gang:
                 if _answer(actors):
                     self._pool, self._lease, self._nodes = pool, lease, nodes
                     self.actors, self.infos = list(actors), tuple(infos)
-                    self.reused_from_pool = True
                     return True
                 pool.drop.remote(lease)  # a pooled member died: start afresh
             created = ray.get(pool.create.remote(nodes, self.cpus_per_worker, borrower), timeout=60)

@@ -118,7 +118,7 @@ def driver_pool() -> Any | None:
                 # the head), and not in that actor's placement group: Tune's trial actors
                 # capture their children into it, and it goes when the trial does.
                 scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    context.get_node_id(), soft=True
+                    context.get_node_id(), soft=False
                 ),
             )
             .remote(idle)

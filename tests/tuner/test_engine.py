@@ -666,7 +666,8 @@ def test_pbt_keeps_only_the_newest_checkpoints_of_each_trial(
     )
     strays = tmp_path / "strays.log"
     result = engine(tmp_path, text, trial_config={"fake_stray_checkpoint_log": str(strays)}).run()
-    assert all(o.status == "completed" and o.epochs_done == 7 for o in result.outcomes)
+    ended = [(o.number, o.status, o.epochs_done, o.stop_reason) for o in result.outcomes]
+    assert all(o.status == "completed" and o.epochs_done == 7 for o in result.outcomes), ended
     experiment = tmp_path / "ray" / "study-1"
     kept = {
         trial.name: sorted(int(c.name.rsplit("_", 1)[1]) for c in trial.glob("checkpoint_*"))
