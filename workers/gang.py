@@ -39,6 +39,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerFailedError",
     "WorkerInfo",
+    "kill_actors",
 ]
 
 
@@ -456,15 +457,11 @@ class Gang:
         self._kill()
 
     def _kill(self) -> None:
-        import ray
-
         if self._pool is not None and self._lease is not None:
             with contextlib.suppress(Exception):  # the pool is gone: its actors went with it
                 self._pool.drop.remote(self._lease)
             self._lease = None
-        for actor in self.actors:
-            with contextlib.suppress(Exception):  # already gone
-                ray.kill(actor, no_restart=True)
+        kill_actors(self.actors)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Tear down the process group, kill the actors and release an own placement group;
@@ -493,6 +490,15 @@ class Gang:
             with contextlib.suppress(Exception):  # already removed (e.g. Ray shut down)
                 ray.util.remove_placement_group(self._pg)
             self._pg = None
+
+
+def kill_actors(actors: Sequence[Any]) -> None:
+    """Kill each actor (no restart); one already gone is skipped."""
+    import ray
+
+    for actor in actors:
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(actor, no_restart=True)
 
 
 def _answer(actors: Sequence[Any], timeout_s: float = 30.0) -> bool:

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.gang import GangMember, WorkerInfo
+from workers.gang import GangMember, WorkerInfo, kill_actors
 
 log = logging.getLogger(__name__)
 
@@ -217,11 +217,11 @@ class GangPool:
             if lent is None:
                 return False  # reclaimed meanwhile
             if self._closing or self._idle_s <= 0:
-                _kill(lent.actors)
+                kill_actors(lent.actors)
                 return False
             self._pooled.append(_Pooled(key, tuple(nodes), lent.actors, tuple(infos)))
             while len(self._pooled) > self._max_idle:
-                _kill(self._pooled.pop(0).actors)
+                kill_actors(self._pooled.pop(0).actors)
                 self.stats["expired"] += 1
             return True
 
@@ -230,7 +230,7 @@ class GangPool:
         with self._lock:
             lent = self._lent.pop(lease, None)
             if lent is not None:
-                _kill(lent.actors)
+                kill_actors(lent.actors)
 
     def counts(self) -> dict[str, int]:
         with self._lock:
@@ -259,7 +259,7 @@ class GangPool:
             keep = []
             for pooled in self._pooled:
                 if now - pooled.since >= self._idle_s:
-                    _kill(pooled.actors)
+                    kill_actors(pooled.actors)
                     self.stats["expired"] += 1
                 else:
                     keep.append(pooled)
@@ -276,7 +276,7 @@ class GangPool:
                     ray.get(lent.probe)
                     lent.probe = None
                 except RayActorError:
-                    _kill(lent.actors)
+                    kill_actors(lent.actors)
                     del self._lent[lease]
                     self.stats["reclaimed"] += 1
                     log.warning(
@@ -288,11 +288,3 @@ class GangPool:
         with contextlib.suppress(Exception):
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
         return True
-
-
-def _kill(actors: list[Any]) -> None:
-    import ray
-
-    for actor in actors:
-        with contextlib.suppress(Exception):  # already gone
-            ray.kill(actor, no_restart=True)
