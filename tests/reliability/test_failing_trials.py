@@ -38,11 +38,6 @@ from workers.trainable import ScheduleTrainable
 pytestmark = [
     pytest.mark.ray,
     pytest.mark.slow,
-    # Ray Tune leaves trial result files open when an experiment ends; Ray's own leak.
-    pytest.mark.filterwarnings(r"ignore:unclosed file.*driver_artifacts:ResourceWarning"),
-    pytest.mark.filterwarnings(
-        r"ignore:Exception ignored in.*driver_artifacts:pytest.PytestUnraisableExceptionWarning"
-    ),
 ]
 
 # Worker processes cannot import this test module by name: pickle its classes by value.

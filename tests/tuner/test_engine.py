@@ -367,18 +367,6 @@ budget: {trials: 14, grace_period_epochs: 1, reduction_factor: 2, max_failures: 
     }
 
 
-# Ray Tune leaves a trial's result.json / progress.csv open when the whole experiment is
-# stopped (Ray's own leak, a ResourceWarning, sometimes raised only at garbage collection).
-RAY_RESULT_FILE_LEAK = [
-    pytest.mark.filterwarnings(r"ignore:unclosed file.*driver_artifacts:ResourceWarning"),
-    pytest.mark.filterwarnings(
-        r"ignore:Exception ignored in.*driver_artifacts:pytest.PytestUnraisableExceptionWarning"
-    ),
-]
-
-
-@RAY_RESULT_FILE_LEAK[0]
-@RAY_RESULT_FILE_LEAK[1]
 def test_should_stop_cancels_the_experiment(ray_session: None, tmp_path: Path) -> None:
     marker = tmp_path / "cancel"
     eng = engine(

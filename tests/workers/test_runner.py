@@ -42,12 +42,6 @@ from workers.tasks import get_task
 pytestmark = [
     pytest.mark.ray,
     pytest.mark.slow,
-    # Ray Tune leaves a trial's result.json / progress.csv open when an experiment is stopped
-    # (cancel); Ray's own leak, reported as a ResourceWarning.
-    pytest.mark.filterwarnings(r"ignore:unclosed file.*driver_artifacts:ResourceWarning"),
-    pytest.mark.filterwarnings(
-        r"ignore:Exception ignored in.*driver_artifacts:pytest.PytestUnraisableExceptionWarning"
-    ),
 ]
 
 REPO = Path(__file__).resolve().parents[2]
