@@ -16,12 +16,15 @@ trial's wall time is the time between consecutive trial completions seen by the 
 first one also pays for Tune's start and the gang's creation); for TorchTrainer it is the
 ``fit()`` call. The summary uses medians over the trials after the first and ends with::
 
-    overhead_per_trial_s=X baseline_per_trial_s=Y ratio=Z
+    overhead_per_trial_s=X baseline_per_trial_s=Y ratio=Z fork_s_max=F \\
+        start_pooled_s=P start_fresh_s=S
 
-(X: reuse, Y: TorchTrainer, Z = Y / X.) ``--perf-split`` adds a comparison of the equal and the
-performance-aware split with one worker artificially slowed down. ``--smoke`` is a tiny run
-for CI. Results go to ``bench/results/trial_overhead.{json,md}`` (full runs) or to
-``--results-dir``.
+(X: reuse, Y: TorchTrainer, Z = Y / X; F: the costliest fork; P and S: the non-training time of
+the first trial of a later Tune experiment in the same driver, on the gang the driver's gang
+pool kept from the first experiment, and on a gang started anew; one line in the output.)
+``--perf-split`` adds a comparison of the equal and the performance-aware split with one worker
+artificially slowed down. ``--smoke`` is a tiny run for CI. Results go to
+``bench/results/trial_overhead.{json,md}`` (full runs) or to ``--results-dir``.
 
     .venv/bin/python bench/trial_overhead.py            # full: 5 trials each, + nothing else
     .venv/bin/python bench/trial_overhead.py --perf-split
@@ -80,7 +83,11 @@ def _trial_config(task: str, epochs: int, seed: int) -> dict[str, Any]:
 # reuse: the trainable under Ray Tune
 
 
-def run_reuse(task: str, epochs: int, trials: int, storage: str) -> list[dict[str, float]]:
+def run_reuse(
+    task: str, epochs: int, trials: int, storage: str, name: str = "reuse"
+) -> tuple[list[dict[str, float]], tuple[int, ...]]:
+    """One Tune experiment of ``trials`` trials; per trial its wall, training and non-training
+    seconds, and the pids of the worker processes that trained them all."""
     from ray import tune
 
     completions: dict[str, float] = {}
@@ -99,7 +106,7 @@ def run_reuse(task: str, epochs: int, trials: int, storage: str) -> list[dict[st
         tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=1),
         run_config=tune.RunConfig(
             storage_path=storage,
-            name="reuse",
+            name=name,
             verbose=0,
             callbacks=[Timer()],
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
@@ -127,7 +134,7 @@ def run_reuse(task: str, epochs: int, trials: int, storage: str) -> list[dict[st
             }
         )
     rows.sort(key=lambda r: r["completed"])
-    print(f"reuse: {len(rows)} trials in {time.perf_counter() - started:.2f} s")
+    print(f"{name}: {len(rows)} trials in {time.perf_counter() - started:.2f} s")
     out: list[dict[str, float]] = []
     previous = started
     for row in rows:
@@ -143,7 +150,57 @@ def run_reuse(task: str, epochs: int, trials: int, storage: str) -> list[dict[st
         )
     if len({row["pids"] for row in rows}) != 1:
         raise RuntimeError("worker processes were not reused across trials")
-    return out
+    return out, rows[0]["pids"]
+
+
+def kill_driver_pool() -> None:
+    """Kill this driver's gang pool, if any, and with it the gangs it keeps (its own
+    actors); the next trial then starts a new, empty pool."""
+    import ray
+
+    from workers.gang_pool import POOL_NAME, POOL_NAMESPACE
+
+    name = f"{POOL_NAME}-{ray.get_runtime_context().get_job_id()}"
+    try:
+        ray.kill(ray.get_actor(name, namespace=POOL_NAMESPACE))
+    except ValueError:
+        return  # no pool
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=POOL_NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the gang pool {name} was still there 30 s after it was killed")
+
+
+def run_experiment_starts(
+    task: str, epochs: int, storage: str, first_pids: tuple[int, ...]
+) -> dict[str, Any]:
+    """What the first trial of a later experiment in the same driver costs (a study's seed
+    runs, the dispatcher's next study): once with the gang the previous experiment gave back
+    to the driver's gang pool (``workers.gang_pool``), once with the pool killed first, so
+    that the trial starts its gang's processes anew. One trial each; the previous
+    experiment's gang must be the one the pooled start trains on."""
+    from workers.gang_pool import IDLE_ENV
+
+    pooled, pooled_pids = run_reuse(task, epochs, 1, storage, name="reuse-pooled-start")
+    if pooled_pids != first_pids:
+        raise RuntimeError(
+            f"the later experiment trained on new workers {pooled_pids}, not on the pooled "
+            f"gang {first_pids} (is the gang pool off: {IDLE_ENV}=0?)"
+        )
+    kill_driver_pool()
+    fresh, fresh_pids = run_reuse(task, epochs, 1, storage, name="reuse-fresh-start")
+    if set(fresh_pids) & set(first_pids):
+        raise RuntimeError(f"the pool's gang {first_pids} outlived the pool")
+    return {
+        "pooled": pooled[0],
+        "fresh": fresh[0],
+        "pooled_pids": list(pooled_pids),
+        "fresh_pids": list(fresh_pids),
+    }
 
 
 # ------------------------------------------------------------------------------------------
@@ -424,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
             write_synthetic_cifar10(Path(storage) / "cifar-fork", num_train=1024, num_test=64)
         ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
         try:
-            reuse = run_reuse(args.task, args.epochs, args.trials, storage)
+            reuse, reuse_pids = run_reuse(args.task, args.epochs, args.trials, storage)
+            starts = run_experiment_starts(args.task, args.epochs, storage, reuse_pids)
             base = run_torchtrainer(args.task, args.epochs, args.trials, storage)
             perf = run_perf_split(max(args.epochs, 3), args.slowdown) if args.perf_split else None
             forks = run_fork_cost(fork_tasks, storage)
@@ -439,6 +497,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine['description']}; load average {machine['load_average_at_start']}")
     print(f"{args.trials} trials of {args.epochs} epochs of {args.task!r}, 2 workers (gloo)")
     print(table)
+    starts_line = (
+        f"first trial of a later experiment in the same driver: "
+        f"{starts['pooled']['non_training_s']:.2f} s non-training with the pooled gang, "
+        f"{starts['fresh']['non_training_s']:.2f} s with its processes started anew "
+        f"(the session's first trial: {reuse[0]['non_training_s']:.2f} s)"
+    )
+    print(starts_line)
     if perf is not None:
         print(
             f"perf split (rank 1 slowed {args.slowdown:g}x): median epoch "
@@ -463,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = (
         f"overhead_per_trial_s={overhead:.3f} baseline_per_trial_s={baseline:.3f} ratio={ratio:.1f}"
         f" fork_s_max={fork_max:.3f}"
+        f" start_pooled_s={starts['pooled']['non_training_s']:.2f}"
+        f" start_fresh_s={starts['fresh']['non_training_s']:.2f}"
     )
     if results_dir is not None:
         results_dir.mkdir(parents=True, exist_ok=True)
@@ -476,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             "overhead_per_trial_s": overhead,
             "baseline_per_trial_s": baseline,
             "ratio": ratio,
+            "experiment_starts": starts,
             "perf_split": perf,
             "forks": forks,
             "fork_s_max": fork_max,
@@ -496,6 +564,25 @@ def main(argv: list[str] | None = None) -> int:
             + "`.",
             "",
             table,
+            "",
+            "Experiment start: a study runs several Tune experiments (its search, then its "
+            "finalists' seed runs) and a dispatcher runs study after study; Tune reuses a gang "
+            "only inside one. The first trial of a later experiment in the same driver (1 "
+            "trial, same schedule), once on the gang the first experiment gave back to the "
+            "driver's gang pool (the same worker pids), once with the pool killed first, so "
+            "that its worker processes start anew:",
+            "",
+            "| first trial of | wall s | training s | non-training s |",
+            "|---|---:|---:|---:|",
+            *(
+                f"| {label} | {row['wall_s']:.2f} | {row['training_s']:.2f} "
+                f"| {row['non_training_s']:.2f} |"
+                for label, row in (
+                    ("the session (table above, trial 0)", reuse[0]),
+                    ("a later experiment, pooled gang", starts["pooled"]),
+                    ("a later experiment, gang started anew", starts["fresh"]),
+                )
+            ),
             "",
         ]
         if perf is not None:

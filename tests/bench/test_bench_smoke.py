@@ -1,9 +1,9 @@
 """Smoke runs of the benchmark scripts (``bench/schedule_quality.py``,
 ``bench/tuning_efficiency.py``): their ``--smoke`` mode (digits, 2 epochs, 1 seed, 3 trials;
 schedule quality on tinylm's validation loss too) produces every figure (JSON keys, markdown
-table, PNG, the summary line); and the fork-cost
-part of ``bench/trial_overhead.py``. Targets are not checked here: they need the full runs
-(see ``bench/README.md``)."""
+table, PNG, the summary line); and the fork-cost and experiment-start parts of
+``bench/trial_overhead.py``. Targets are not checked here: they need the full runs (see
+``bench/README.md``)."""
 
 from __future__ import annotations
 
@@ -277,6 +277,26 @@ def test_trial_overhead_measures_what_a_fork_costs(ray_session: None, tmp_path: 
     assert len(row["save_s"]) == len(row["load_s"]) == 1 + module.FORK_ROUNDS
     assert all(0 < s < 30 for s in [*row["save_s"], *row["load_s"]])
     assert row["fork_s"] == row["save_median_s"] + row["load_median_s"]
+
+
+@pytest.mark.ray
+def test_trial_overhead_measures_a_later_experiments_start(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The experiment-start part of ``bench/trial_overhead.py``: after a first Tune
+    experiment, a later one's first trial trains on the gang the driver's pool kept (the same
+    worker pids), and once the pool is killed, on new processes; both timed."""
+    module = _load("trial_overhead")
+    module.kill_driver_pool()  # gangs that earlier tests gave back would be lent first
+    first, pids = module.run_reuse("digits", 1, 1, str(tmp_path))
+    assert len(first) == 1
+    assert len(pids) == 2
+    starts = module.run_experiment_starts("digits", 1, str(tmp_path), pids)
+    assert starts["pooled_pids"] == list(pids)
+    assert not set(starts["fresh_pids"]) & set(pids)
+    for row in (first[0], starts["pooled"], starts["fresh"]):
+        assert 0 < row["training_s"] < row["wall_s"]
+        assert row["non_training_s"] == pytest.approx(row["wall_s"] - row["training_s"])
 
 
 @pytest.mark.ray
