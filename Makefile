@@ -26,13 +26,20 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Debian's Chromium drives the dashboard's browser tests (never a downloaded browser).
+# Debian's Chromium drives the dashboard's browser tests (never a downloaded browser), and where
+# no Compose is installed Debian's docker-compose (v1, the Compose Debian has) validates
+# docker-compose.yml (`config` needs no Docker daemon).
 system-deps:
-	@command -v chromium >/dev/null 2>&1 || { \
+	@missing=""; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	{ docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1; } \
+	  || missing="$$missing docker-compose"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-	      || echo "warning: could not install chromium; browser tests will be skipped"; \
-	  else echo "warning: chromium not found; browser tests will be skipped"; fi; }
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	      || echo "warning: could not install$$missing; the tests that need them will be skipped"; \
+	  else echo "warning: not found:$$missing; the tests that need them will be skipped"; fi; \
+	fi
 
 demo: $(STAMP)
 	$(BIN)/stagetune demo
