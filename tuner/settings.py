@@ -16,17 +16,23 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
+import pydantic
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tuner.errors import ValidationError, field_problems
+
 DEFAULT_DATA_DIR = Path("stagetune-data")
+ENV_PREFIX = "STAGETUNE_"
+#: Settings whose value an error message must not repeat.
+SECRET_SETTINGS = frozenset({"api_tokens", "api_token"})
 
 
 class Settings(BaseSettings):
     """Every setting of the service, with the environment variable that sets it."""
 
     model_config = SettingsConfigDict(
-        env_prefix="STAGETUNE_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+        env_prefix=ENV_PREFIX, env_file=".env", env_file_encoding="utf-8", extra="ignore"
     )
 
     data_dir: Path = Field(
@@ -81,6 +87,16 @@ class Settings(BaseSettings):
         default=2.0, gt=0, description="How often an idle dispatcher looks for work."
     )
 
+    # Trials (read where the trial actors run: on a cluster, the Ray nodes' environment)
+    gang_idle_s: float = Field(
+        default=60.0,
+        ge=0,
+        allow_inf_nan=False,  # the pool ends itself only after this long empty
+        description="Seconds a CPU gang of worker processes, given back when its trial actor "
+        "stops, waits in its driver's pool for the next Tune experiment before it is killed; "
+        "0 turns the pool off.",
+    )
+
     @field_validator("api_tokens", mode="before")
     @classmethod
     def _split_tokens(cls, value: object) -> object:
@@ -125,7 +141,35 @@ class Settings(BaseSettings):
         return found
 
 
+def env_var(setting: str) -> str:
+    """The environment variable of a setting (``gang_idle_s`` -> ``STAGETUNE_GANG_IDLE_S``)."""
+    return f"{ENV_PREFIX}{setting.upper()}"
+
+
+def read_settings() -> Settings:
+    """The settings from this process's environment (and ``.env``), read now; bad values are
+    a :class:`~tuner.errors.ValidationError` that names each one's variable, on one line."""
+    try:
+        return Settings()
+    except pydantic.ValidationError as error:
+        problems = []
+        for problem in field_problems(error):
+            field = str(problem.loc[0]) if problem.loc else ""
+            secret = field in SECRET_SETTINGS or not problem.has_input
+            shown = "" if secret else f"={problem.input!r}"
+            message = problem.message[:1].lower() + problem.message[1:]
+            described = Settings.model_fields.get(field)
+            about = described.description if described is not None else None
+            hint = f" ({about.rstrip('.')})" if about else ""
+            problems.append(f"{env_var(field)}{shown}: {message}{hint}")
+        which = "it" if len(problems) == 1 else "them"
+        raise ValidationError(
+            f"invalid setting: {'; '.join(problems)}. Fix {which} in the environment or the "
+            ".env file"
+        ) from None
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The process-wide settings (cached; tests build ``Settings(...)`` directly)."""
-    return Settings()
+    return read_settings()

@@ -32,12 +32,12 @@ import contextlib
 import hashlib
 import itertools
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.settings import env_var, read_settings
 from workers.gang import GangMember, WorkerInfo, kill_actors
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,9 @@ __all__ = [
 #: The pool actor of a driver is ``<POOL_NAME>-<the driver's Ray job id>`` in this namespace.
 POOL_NAME = "stagetune-gang-pool"
 POOL_NAMESPACE = "stagetune"
-#: Environment variable: seconds a pooled gang waits unused before it is killed; 0 = no pool.
-IDLE_ENV = "STAGETUNE_GANG_IDLE_S"
-DEFAULT_IDLE_S = 60.0
+#: Environment variable: seconds a pooled gang waits unused before it is killed; 0 = no pool
+#: (the setting ``gang_idle_s`` of :class:`tuner.settings.Settings`, default 60).
+IDLE_ENV = env_var("gang_idle_s")
 #: At most this many gangs wait in the pool at once.
 MAX_IDLE = 4
 #: How often the pool checks idle gangs and borrowers.
@@ -65,19 +65,10 @@ SWEEP_S = 2.0
 
 
 def idle_seconds() -> float:
-    """:data:`IDLE_ENV` as seconds (default 60); a bad value names the variable."""
-    raw = os.environ.get(IDLE_ENV, "").strip()
-    if not raw:
-        return DEFAULT_IDLE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(
-            f"{IDLE_ENV} must be a number of seconds (0 = no pool), got {raw!r}"
-        ) from None
-    if value < 0 or value != value:
-        raise ValueError(f"{IDLE_ENV} must be 0 or more seconds, got {raw!r}")
-    return value
+    """:data:`IDLE_ENV` in this process, read now (default 60); a bad value is a
+    :class:`tuner.errors.ValidationError` naming the variable. The drivers' commands read the
+    same settings at their start, so there a bad value stops them before any study runs."""
+    return read_settings().gang_idle_s
 
 
 def pool_key(

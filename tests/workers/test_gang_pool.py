@@ -16,6 +16,7 @@ from typing import Any, cast
 import pytest
 import ray
 
+from tuner.errors import ValidationError
 from tuner.schedule import Schedule
 from workers.gang_pool import IDLE_ENV, GangPool, idle_seconds
 from workers.trainable import ScheduleTrainable
@@ -32,9 +33,9 @@ def test_idle_seconds_reads_its_variable_and_names_it_when_wrong(
     assert idle_seconds() == 0.0  # no pool
     monkeypatch.setenv(IDLE_ENV, "2.5")
     assert idle_seconds() == 2.5
-    for bad in ("soon", "-1", "nan"):
+    for bad in ("soon", "-1", "nan", "inf"):  # inf: a pool that never ends
         monkeypatch.setenv(IDLE_ENV, bad)
-        with pytest.raises(ValueError, match=IDLE_ENV):
+        with pytest.raises(ValidationError, match=f"{IDLE_ENV}='{bad}'"):
             idle_seconds()
 
 

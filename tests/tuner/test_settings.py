@@ -1,0 +1,75 @@
+"""Settings from ``STAGETUNE_*`` variables: a bad value stops a command before it does
+anything, with one line that names the variable, the value and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.environ import environ_without
+from tuner.errors import ValidationError
+from tuner.settings import env_var, read_settings
+
+
+def test_env_var_of_a_setting() -> None:
+    assert env_var("gang_idle_s") == "STAGETUNE_GANG_IDLE_S"
+    assert env_var("data_cache") == "STAGETUNE_DATA_CACHE"
+
+
+def test_bad_settings_name_each_variable_its_value_and_what_it_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no .env from the checkout
+    monkeypatch.setenv("STAGETUNE_DATA_CACHE", "maybe")
+    monkeypatch.setenv("STAGETUNE_PORT", "0")
+    with pytest.raises(ValidationError) as raised:
+        read_settings()
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("invalid setting: STAGETUNE_DATA_CACHE='maybe': input should be")
+    assert "(Cache generated task data on disk" in message
+    assert "STAGETUNE_PORT='0': input should be greater than or equal to 1" in message
+    assert message.endswith("Fix them in the environment or the .env file")
+
+
+def test_a_bad_setting_in_the_env_file_is_named_too(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STAGETUNE_GANG_IDLE_S", raising=False)
+    (tmp_path / ".env").write_text("STAGETUNE_GANG_IDLE_S=forever\n", encoding="utf-8")
+    with pytest.raises(ValidationError, match="STAGETUNE_GANG_IDLE_S='forever': input should"):
+        read_settings()
+    (tmp_path / ".env").write_text("STAGETUNE_GANG_IDLE_S=5\n", encoding="utf-8")
+    assert read_settings().gang_idle_s == 5.0
+
+
+@pytest.mark.slow
+@pytest.mark.ray_free
+def test_stagetune_tune_with_a_bad_setting_stops_before_it_creates_a_study(
+    tmp_path: Path,
+) -> None:
+    """Before, the study ran: every trial failed on the gang pool's variable, and the study
+    was stored with no result."""
+    (tmp_path / "spec.yaml").write_text(
+        "task: digits\nbaselines: false\nschedule: {total_epochs: 1}\n"
+        "budget: {trials: 2, recipe_candidates: false, seed_runs: 0}\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "from workers.cli import main; main()", "tune", "spec.yaml"],
+        cwd=tmp_path,
+        env={**environ_without("RAY_", "STAGETUNE_"), "STAGETUNE_GANG_IDLE_S": "soon"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("stagetune: error: invalid setting: STAGETUNE_GANG_IDLE_S='soon'")
+    assert not (tmp_path / "stagetune-data").exists()  # no database, no study
+    assert not (tmp_path / "best-schedule.yaml").exists()
