@@ -11,7 +11,9 @@ variable) at a cluster.
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
@@ -167,6 +169,30 @@ def read_settings() -> Settings:
             f"invalid setting: {'; '.join(problems)}. Fix {which} in the environment or the "
             ".env file"
         ) from None
+
+
+def misspelt_settings(names: Iterable[str]) -> dict[str, str]:
+    """The ``STAGETUNE_*`` names among ``names`` that are no setting but look like one (a
+    typo, a missing ``_URL``), each with the setting's variable. Other ``STAGETUNE_*`` names
+    (the deployment's, the client's ``STAGETUNE_URL``) are left alone."""
+    known = {field: env_var(field) for field in Settings.model_fields}
+    found = {}
+    for name in names:
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper[len(ENV_PREFIX) :].lower() in known:
+            continue
+        close = difflib.get_close_matches(
+            # 0.78: "database" for "database_url" (0.8) is caught, the CLI's own
+            # STAGETUNE_API_WORKERS (0.76 to "api_tokens") is not (tested on every name the
+            # project uses)
+            upper[len(ENV_PREFIX) :].lower(),
+            list(known),
+            n=1,
+            cutoff=0.78,
+        )
+        if close:
+            found[name] = known[close[0]]
+    return found
 
 
 @lru_cache(maxsize=1)

@@ -3,6 +3,7 @@ anything, with one line that names the variable, the value and the fix."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from tests.environ import environ_without
 from tuner.errors import ValidationError
-from tuner.settings import env_var, read_settings
+from tuner.settings import env_var, misspelt_settings, read_settings
 
 
 def test_env_var_of_a_setting() -> None:
@@ -73,3 +74,66 @@ def test_stagetune_tune_with_a_bad_setting_stops_before_it_creates_a_study(
     assert line.startswith("stagetune: error: invalid setting: STAGETUNE_GANG_IDLE_S='soon'")
     assert not (tmp_path / "stagetune-data").exists()  # no database, no study
     assert not (tmp_path / "best-schedule.yaml").exists()
+
+
+def test_a_variable_that_looks_like_a_setting_is_named_with_the_setting() -> None:
+    found = misspelt_settings(
+        ["STAGETUNE_DATABASE", "stagetune_gang_idle", "STAGETUNE_DATASET_DIR", "PATH"]
+    )
+    assert found == {
+        "STAGETUNE_DATABASE": "STAGETUNE_DATABASE_URL",
+        "stagetune_gang_idle": "STAGETUNE_GANG_IDLE_S",
+        "STAGETUNE_DATASET_DIR": "STAGETUNE_DATASETS_DIR",
+    }
+
+
+def test_no_variable_the_project_itself_uses_is_taken_for_a_typo() -> None:
+    """The deployment's, the CLI's and the tests' own ``STAGETUNE_*`` variables (the role
+    script's STAGETUNE_HOME, `serve`'s STAGETUNE_API_WORKERS, the client's STAGETUNE_URL...)
+    are no settings, and must not be warned about."""
+    repo = Path(__file__).resolve().parents[2]
+    files = [
+        repo / "deploy" / "stagetune-role",
+        repo / "deploy" / ".env.example",
+        repo / "docker-compose.yml",
+        repo / "Dockerfile",
+        *repo.glob("workers/**/*.py"),
+        *repo.glob("api/**/*.py"),
+        *repo.glob("tests/**/*.py"),
+        *repo.glob("docs/*.md"),
+        repo / "README.md",
+    ]
+    names = set()
+    for path in files:
+        names |= set(re.findall(r"STAGETUNE_[A-Z0-9_]*[A-Z0-9]", path.read_text("utf-8")))
+    names -= set(TYPOS)
+    assert {"STAGETUNE_HOME", "STAGETUNE_API_WORKERS", "STAGETUNE_URL"} <= names
+    assert misspelt_settings(names) == {}
+
+
+#: The typos this module's tests make on purpose.
+TYPOS = ("STAGETUNE_DATABASE", "STAGETUNE_DATASET_DIR", "STAGETUNE_DATABSE_URL")
+
+
+@pytest.mark.slow
+@pytest.mark.ray_free
+def test_the_cli_warns_of_a_misspelt_setting_and_goes_on(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "from workers.cli import main; main()", "export", "1"],
+        cwd=tmp_path,
+        env={**environ_without("RAY_", "STAGETUNE_"), "STAGETUNE_DATABSE_URL": "sqlite://"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    warning, error = done.stderr.strip().splitlines()
+    assert warning == (
+        "stagetune: warning: STAGETUNE_DATABSE_URL is not a setting (ignored); did you mean "
+        "STAGETUNE_DATABASE_URL?"
+    )
+    # it went on with the default database, which does not exist here
+    assert done.returncode == 3
+    assert error.startswith("stagetune: error: no study database at ")

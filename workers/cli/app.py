@@ -6,6 +6,7 @@ shows the traceback instead.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated, Any
 
@@ -61,6 +62,15 @@ def _global_options(
     ] = False,
 ) -> None:
     _state["debug"] = debug
+    from tuner.settings import misspelt_settings
+
+    # Settings ignore unknown STAGETUNE_* variables; one that looks like a setting is a typo
+    # that would otherwise go unnoticed (a study in the default SQLite file, say).
+    for name, meant in sorted(misspelt_settings(os.environ).items()):
+        typer.echo(
+            f"stagetune: warning: {name} is not a setting (ignored); did you mean {meant}?",
+            err=True,
+        )
 
 
 def exit_code_for(error: BaseException) -> int:
