@@ -157,8 +157,8 @@ def read_settings() -> Settings:
         problems = []
         for problem in field_problems(error):
             field = str(problem.loc[0]) if problem.loc else ""
-            secret = field in SECRET_SETTINGS or not problem.has_input
-            shown = "" if secret else f"={problem.input!r}"
+            hidden = field in SECRET_SETTINGS or not problem.has_input
+            shown = "" if hidden else f"={problem.input!r}"
             message = problem.message[:1].lower() + problem.message[1:]
             described = Settings.model_fields.get(field)
             about = described.description if described is not None else None
@@ -178,18 +178,15 @@ def misspelt_settings(names: Iterable[str]) -> dict[str, str]:
     known = {field: env_var(field) for field in Settings.model_fields}
     found = {}
     for name in names:
-        upper = name.upper()
-        if not upper.startswith(ENV_PREFIX) or upper[len(ENV_PREFIX) :].lower() in known:
+        if not name.upper().startswith(ENV_PREFIX):
             continue
-        close = difflib.get_close_matches(
-            # 0.78: "database" for "database_url" (0.8) is caught, the CLI's own
-            # STAGETUNE_API_WORKERS (0.76 to "api_tokens") is not (tested on every name the
-            # project uses)
-            upper[len(ENV_PREFIX) :].lower(),
-            list(known),
-            n=1,
-            cutoff=0.78,
-        )
+        setting = name[len(ENV_PREFIX) :].lower()  # pydantic reads them in any case
+        if setting in known:
+            continue
+        # cutoff 0.78: "database" for "database_url" (0.8) is caught, the CLI's own
+        # STAGETUNE_API_WORKERS (0.76 to "api_tokens") is not (tested on every name the
+        # project's files use)
+        close = difflib.get_close_matches(setting, list(known), n=1, cutoff=0.78)
         if close:
             found[name] = known[close[0]]
     return found
