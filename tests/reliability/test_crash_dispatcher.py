@@ -36,7 +36,6 @@ import json
 import pickle
 import signal
 import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -45,6 +44,7 @@ from typing import Any
 import pytest
 
 from api.app import create_app
+from tests.cli import STAGETUNE
 from tests.reliability.helpers import STUDIES, api_settings, clean_env
 from tuner.prefixes import boundaries
 from tuner.schedule import Schedule
@@ -58,7 +58,6 @@ with warnings.catch_warnings():
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-STAGETUNE = [sys.executable, "-c", "from workers.cli import main; main()"]
 BUDGET = 6
 EPOCHS = 8
 SPEC = {

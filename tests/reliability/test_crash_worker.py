@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.cli import STAGETUNE
 from tests.reliability.helpers import clean_env
 from tuner.spec import StudySpec
 from tuner.store import StudyStatus, StudyStore, TrialStatus
@@ -26,7 +26,6 @@ from tuner.store.migrate import upgrade
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-STAGETUNE = [sys.executable, "-c", "from workers.cli import main; main()"]
 BUDGET = 3
 SPEC = {
     "task": "digits",

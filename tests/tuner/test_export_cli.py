@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
+from tests.cli import run_stagetune
 from tuner.export import validate_document
 from tuner.schedule import Schedule, Stage
 from tuner.store import StudyStore, TrialStatus
@@ -133,28 +133,20 @@ def test_export_deepspeed_and_megatron(study: int, sqlite_url: str, tmp_path: Pa
     assert "--rampup-batch-size 64" in shown
 
 
-def _main(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from workers.cli import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.ray_free
 def test_export_errors_are_one_line_with_exit_codes(
     study: int, sqlite_url: str, tmp_path: Path
 ) -> None:
-    missing = _main("export", "99", "--database-url", sqlite_url)
+    missing = run_stagetune("export", "99", "--database-url", sqlite_url)
     assert missing.returncode == 3
     assert missing.stderr.strip() == "stagetune: error: study 99 does not exist"
-    no_db = _main("export", "1", "--database-url", f"sqlite:///{tmp_path / 'none.db'}")
+    no_db = run_stagetune("export", "1", "--database-url", f"sqlite:///{tmp_path / 'none.db'}")
     assert no_db.returncode == 3
     assert "no study database at" in no_db.stderr
-    unplaceable = _main("export", str(study), "--database-url", sqlite_url, "--world-size", "48")
+    unplaceable = run_stagetune(
+        "export", str(study), "--database-url", sqlite_url, "--world-size", "48"
+    )
     assert unplaceable.returncode == 2
     assert len(unplaceable.stderr.strip().splitlines()) == 1
     assert "cannot re-target the schedule to 48 workers" in unplaceable.stderr

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli import run_stagetune
 from tests.environ import environ_without
 from tuner.errors import ValidationError
 from tuner.settings import env_var, misspelt_settings, read_settings
@@ -48,6 +48,13 @@ def test_a_bad_setting_in_the_env_file_is_named_too(
     assert read_settings().gang_idle_s == 5.0
 
 
+def _stagetune(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``stagetune ARGS`` in ``cwd`` with ``env`` and none of the caller's settings."""
+    return run_stagetune(
+        *args, cwd=cwd, env={**environ_without("RAY_", "STAGETUNE_"), **env}, timeout=120
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.ray_free
 def test_stagetune_tune_with_a_bad_setting_stops_before_it_creates_a_study(
@@ -60,15 +67,7 @@ def test_stagetune_tune_with_a_bad_setting_stops_before_it_creates_a_study(
         "budget: {trials: 2, recipe_candidates: false, seed_runs: 0}\n",
         encoding="utf-8",
     )
-    done = subprocess.run(
-        [sys.executable, "-c", "from workers.cli import main; main()", "tune", "spec.yaml"],
-        cwd=tmp_path,
-        env={**environ_without("RAY_", "STAGETUNE_"), "STAGETUNE_GANG_IDLE_S": "soon"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _stagetune(tmp_path, {"STAGETUNE_GANG_IDLE_S": "soon"}, "tune", "spec.yaml")
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("stagetune: error: invalid setting: STAGETUNE_GANG_IDLE_S='soon'")
@@ -120,15 +119,7 @@ TYPOS = ("STAGETUNE_DATABASE", "STAGETUNE_DATASET_DIR", "STAGETUNE_DATABSE_URL")
 def test_the_cli_warns_of_a_misspelt_setting_and_goes_on(
     tmp_path: Path,
 ) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", "from workers.cli import main; main()", "export", "1"],
-        cwd=tmp_path,
-        env={**environ_without("RAY_", "STAGETUNE_"), "STAGETUNE_DATABSE_URL": "sqlite://"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _stagetune(tmp_path, {"STAGETUNE_DATABSE_URL": "sqlite://"}, "export", "1")
     warning, error = done.stderr.strip().splitlines()
     assert warning == (
         "stagetune: warning: STAGETUNE_DATABSE_URL is not a setting (ignored); did you mean "

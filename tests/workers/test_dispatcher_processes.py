@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
+from tests.cli import STAGETUNE
 from tests.environ import environ_without
 from tuner.spec import StudySpec
 from tuner.store import StudyStatus, StudyStore, TrialStatus
 from tuner.store.migrate import upgrade
 
 REPO = Path(__file__).resolve().parents[2]
-STAGETUNE = [sys.executable, "-c", "from workers.cli import main; main()"]
 
 # A dispatcher process with a stand-in runner: it records trial 0 (a second run of the same
 # study would hit the unique trial number and fail loudly), waits WORK_S, and completes it.

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.workers.test_dispatcher_processes import REPO, STAGETUNE, env, quick_spec, submit
+from tests.cli import STAGETUNE
+from tests.workers.test_dispatcher_processes import REPO, env, quick_spec, submit
 from tuner.spec import StudySpec
 from tuner.store import StudyStatus, StudyStore, TrialStatus
 from tuner.store.migrate import upgrade
