@@ -75,8 +75,10 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         default=1_000_000, gt=0, description="Largest accepted request body."
     )
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=1, le=65535)
+    host: str = Field(default="127.0.0.1", description="The address `stagetune serve` binds.")
+    port: int = Field(
+        default=8000, ge=1, le=65535, description="The port `stagetune serve` listens on."
+    )
 
     # Dispatcher
     heartbeat_s: float = Field(

@@ -12,7 +12,7 @@ import pytest
 from tests.cli import run_stagetune
 from tests.environ import environ_without
 from tuner.errors import ValidationError
-from tuner.settings import env_var, misspelt_settings, read_settings
+from tuner.settings import Settings, env_var, misspelt_settings, read_settings
 
 
 def test_env_var_of_a_setting() -> None:
@@ -128,3 +128,11 @@ def test_the_cli_warns_of_a_misspelt_setting_and_goes_on(
     # it went on with the default database, which does not exist here
     assert done.returncode == 3
     assert error.startswith("stagetune: error: no study database at ")
+
+
+def test_production_docs_list_every_setting_and_no_other() -> None:
+    """docs/production.md's settings table is what operators read: one row per setting."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "production.md").read_text("utf-8")
+    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(STAGETUNE_[A-Z0-9_]+)` \|", section, flags=re.MULTILINE)
+    assert sorted(rows) == sorted(env_var(field) for field in Settings.model_fields)
