@@ -158,9 +158,9 @@ def kill_driver_pool() -> None:
     actors); the next trial then starts a new, empty pool."""
     import ray
 
-    from workers.gang_pool import POOL_NAME, POOL_NAMESPACE
+    from workers.gang_pool import POOL_NAMESPACE, pool_name
 
-    name = f"{POOL_NAME}-{ray.get_runtime_context().get_job_id()}"
+    name = pool_name()
     try:
         ray.kill(ray.get_actor(name, namespace=POOL_NAMESPACE))
     except ValueError:

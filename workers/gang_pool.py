@@ -50,6 +50,7 @@ __all__ = [
     "driver_pool",
     "idle_seconds",
     "pool_key",
+    "pool_name",
 ]
 
 #: The pool actor of a driver is ``<POOL_NAME>-<the driver's Ray job id>`` in this namespace.
@@ -83,6 +84,13 @@ def pool_key(
     return f"{world_size}x{cpus_per_worker:g}cpu/{collective_timeout_s:g}s/{digest}"
 
 
+def pool_name() -> str:
+    """The name of this driver's pool actor (in :data:`POOL_NAMESPACE`): one per Ray job."""
+    import ray
+
+    return f"{POOL_NAME}-{ray.get_runtime_context().get_job_id()}"
+
+
 def driver_pool() -> Any | None:
     """This driver's pool actor (started on first use), or None when pooling is off or the
     pool cannot be reached (the caller then starts its gang as without one)."""
@@ -94,11 +102,10 @@ def driver_pool() -> Any | None:
 
     try:
         context = ray.get_runtime_context()
-        job = context.get_job_id()
         return (
             ray.remote(GangPool)
             .options(
-                name=f"{POOL_NAME}-{job}",
+                name=pool_name(),
                 namespace=POOL_NAMESPACE,
                 get_if_exists=True,
                 lifetime="detached",
