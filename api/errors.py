@@ -8,7 +8,8 @@ Error body (every 4xx and 5xx, including FastAPI's own validation errors and unk
 "loc": ["body", "budget", "trials"], "message": "...", "type": "..."}``.
 
 Domain errors from :mod:`tuner.errors` map to HTTP here and nowhere else: ``ValidationError``
-422, ``NotFoundError`` 404, ``ConflictError`` and ``InvalidStateError`` 409.
+422, ``NotFoundError`` 404, ``ConflictError`` and ``InvalidStateError`` 409,
+``ClusterUnavailableError`` 503.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuner.errors import (
+    ClusterUnavailableError,
     ConflictError,
     InvalidStateError,
     NotFoundError,
@@ -40,6 +42,7 @@ DOMAIN_ERRORS: tuple[tuple[type[StagetuneError], int, str], ...] = (
     (NotFoundError, 404, "not_found"),
     (InvalidStateError, 409, "invalid_state"),
     (ConflictError, 409, "conflict"),
+    (ClusterUnavailableError, 503, "unavailable"),
 )
 
 #: Error codes of HTTP statuses raised by the framework or by ``ApiError`` without a code.

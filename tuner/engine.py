@@ -44,6 +44,7 @@ baseline).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import fnmatch
 import json
@@ -77,7 +78,7 @@ from tuner.engine_search import (
     ScheduleSearcher,
     TrialMeta,
 )
-from tuner.errors import StagetuneError, ValidationError
+from tuner.errors import ClusterUnavailableError, StagetuneError, ValidationError
 from tuner.formatting import format_metric_spread
 from tuner.leftovers import disk_bytes
 from tuner.objectives import (
@@ -350,16 +351,36 @@ def connect_ray() -> None:
     ``ray.init`` replaces the driver's handlers, and Ray's core worker then answers SIGTERM by
     aborting the process: a ``stagetune worker`` stopped mid-study (``docker stop``) would die
     with its study still claimed until the heartbeat went stale, instead of giving it back.
+
+    Raises :class:`ClusterUnavailableError` when ``ray.init`` fails to reach Ray (Ray raises
+    ``ConnectionError`` for a cluster it cannot reach, ``RuntimeError`` when no node of the
+    cluster runs on this machine after its 60 s wait, ``TimeoutError``): the caller has started
+    nothing yet, so the study can run later.
     """
     if ray.is_initialized():
         return
     signals = (signal.SIGTERM, signal.SIGINT)
     in_main = threading.current_thread() is threading.main_thread()
     saved = {sig: signal.getsignal(sig) for sig in signals} if in_main else {}
-    ray.init(log_to_driver=False, include_dashboard=False)
-    for sig, handler in saved.items():
-        if handler is not None:
-            signal.signal(sig, handler)
+    try:
+        ray.init(log_to_driver=False, include_dashboard=False)
+    except (ConnectionError, TimeoutError, RuntimeError) as exc:
+        with contextlib.suppress(Exception):  # what a half-made connection left behind
+            ray.shutdown()
+        address = os.environ.get("RAY_ADDRESS", "").strip()
+        if address:
+            where = f"the Ray cluster at RAY_ADDRESS={address}"
+            fix = "check that the cluster is up and that this machine runs a node of it"
+        else:
+            where = "a local Ray instance"
+            fix = "see Ray's log (session_latest/logs under Ray's temp directory)"
+        raise ClusterUnavailableError(
+            f"could not connect to {where} ({type(exc).__name__}: {exc}); {fix}"
+        ) from exc
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 class RestoreCheck(tune.Callback):

@@ -31,6 +31,12 @@ class ConflictError(StagetuneError):
     """The operation conflicts with existing data (duplicate, concurrent claim)."""
 
 
+class ClusterUnavailableError(StagetuneError):
+    """Ray could not be reached (the cluster ``RAY_ADDRESS`` names, or a local instance that
+    would not start) before a study's trials began: nothing of the study ran, and running it
+    again later may succeed. The runner gives such a study back to the queue."""
+
+
 class InvalidStateError(StagetuneError):
     """The operation is not allowed in the object's current state (e.g. delete a running study)."""
 

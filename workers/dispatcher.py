@@ -19,6 +19,11 @@ studies: :mod:`tuner.leftovers`).
 * ``once``: exit when the queue is empty; ``max_studies``: exit after that many studies.
 * While the database is unreachable the dispatcher retries its claims with a growing delay
   (up to 30 s) instead of exiting.
+* When Ray cannot be reached as a study starts (``ClusterUnavailableError``: the cluster is
+  down, or this machine's node of it is still starting), nothing of the study has run: it is
+  given back to the queue, not failed, and the dispatcher claims again after the same growing
+  delay. With ``once`` it gives the study back and stops (``DispatchStats.unavailable`` says
+  why).
 
 Several dispatchers (processes, machines) can share one database: each claim is atomic
 (PostgreSQL ``FOR UPDATE SKIP LOCKED``, SQLite ``BEGIN IMMEDIATE`` plus a guarded update), so
@@ -42,7 +47,13 @@ from typing import Protocol
 
 from sqlalchemy.exc import OperationalError
 
-from tuner.errors import ConflictError, InvalidStateError, NotFoundError, StagetuneError
+from tuner.errors import (
+    ClusterUnavailableError,
+    ConflictError,
+    InvalidStateError,
+    NotFoundError,
+    StagetuneError,
+)
 from tuner.leftovers import remove_leftovers
 from tuner.settings import Settings
 from tuner.store import StudyRecord, StudyStatus, StudyStore
@@ -155,6 +166,8 @@ class DispatchStats:
     interrupted: bool = False
     leftovers_removed: list[int] = field(default_factory=list)
     """Deleted studies whose files and Optuna study this dispatcher removed."""
+    unavailable: str | None = None
+    """Why the last study given back could not start (Ray unreachable); ``None`` otherwise."""
 
 
 class Dispatcher:
@@ -227,7 +240,17 @@ class Dispatcher:
                 log.warning("cannot claim studies (%s); retrying in %.1f s", exc, outage_s)
                 self._stop.wait(outage_s)
                 continue
+            except ClusterUnavailableError as exc:  # the study went back to the queue
+                self.stats.unavailable = str(exc)
+                if self.once:
+                    log.error("%s", exc)
+                    break
+                outage_s = min(MAX_OUTAGE_BACKOFF_S, max(self.settings.poll_s, 2 * outage_s))
+                log.warning("%s; claiming again in %.1f s", exc, outage_s)
+                self._stop.wait(outage_s)
+                continue
             outage_s = 0.0
+            self.stats.unavailable = None
             if study is None:
                 if self.once:
                     break
@@ -289,6 +312,9 @@ class Dispatcher:
             self.stats.interrupted = True
             self._release(study_id)
             return
+        except ClusterUnavailableError:
+            self._release(study_id)  # the runner gave it back already; this makes sure of it
+            raise
         except Exception as exc:
             log.exception("study %s failed", study_id)
             self.stats.failed.append(study_id)

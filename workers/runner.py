@@ -35,7 +35,13 @@ from ray import tune
 
 from tuner.engine import SEED_RUN_KEY, EngineResult, TuningEngine
 from tuner.engine_search import PriorTrial, TrialMeta
-from tuner.errors import InvalidStateError, NotFoundError, StagetuneError, ValidationError
+from tuner.errors import (
+    ClusterUnavailableError,
+    InvalidStateError,
+    NotFoundError,
+    StagetuneError,
+    ValidationError,
+)
 from tuner.export import export_yaml
 from tuner.formatting import format_duration, format_metric, metric_kind
 from tuner.noise_candidate import step_floor_of_epochs, step_floor_text
@@ -199,7 +205,9 @@ def run_study(
     of what ran), or ``failed`` with the error (which is re-raised). Interrupted
     (``KeyboardInterrupt``, or Tune's own Ctrl-C handling ending the experiment early), the
     study is released back to ``queued`` when ``worker_id`` owns it: a later run resumes it.
-    If the study was taken over by another worker meanwhile, it is left to that worker.
+    If the study was taken over by another worker meanwhile, it is left to that worker. When
+    Ray cannot be reached before the trials start (:class:`ClusterUnavailableError`), the
+    study is released the same way and the error re-raised, saying so.
     """
     study = store.get_study(study_id)
     if study.status is not StudyStatus.RUNNING:
@@ -237,12 +245,19 @@ def run_study(
         result = engine.run()
         prefixes = engine.prefix_store()
     except KeyboardInterrupt:
-        if worker_id is not None:
-            try:
-                store.release_study(study_id, worker_id)
-            except StagetuneError as exc:
-                log.warning("could not release study %s: %s", study_id, exc)
+        _release(store, study_id, worker_id)
         raise
+    except ClusterUnavailableError as exc:
+        # Ray could not be reached before any trial ran: nothing of the study is lost, so it
+        # goes back to the queue instead of failing (a dispatcher runs it once Ray is back).
+        if worker_id is None:
+            _fail(store, study_id, worker_id, exc)
+            raise
+        _release(store, study_id, worker_id)
+        raise ClusterUnavailableError(
+            f"{exc}. Study {study_id} is queued again: a dispatcher (`stagetune worker`) runs "
+            "it once Ray can be reached"
+        ) from exc
     except Exception as exc:
         _fail(store, study_id, worker_id, exc)
         raise
@@ -277,6 +292,16 @@ def _prior_trials(
             )
         if not page.has_more:
             return out
+
+
+def _release(store: StudyStore, study_id: int, worker_id: str | None) -> None:
+    """Give the study back to the queue (when ``worker_id`` owns it)."""
+    if worker_id is None:
+        return
+    try:
+        store.release_study(study_id, worker_id)
+    except StagetuneError as exc:
+        log.warning("could not release study %s: %s", study_id, exc)
 
 
 def _fail(store: StudyStore, study_id: int, worker_id: str | None, exc: BaseException) -> None:

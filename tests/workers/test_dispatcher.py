@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import OperationalError
 
+from tuner.errors import ClusterUnavailableError
 from tuner.schedule import Schedule, Stage
 from tuner.settings import Settings
 from tuner.store import StudyStatus, StudyStore, TrialStatus, experiment_name
@@ -219,6 +220,56 @@ def test_database_outage_while_idle_is_retried(store: StudyStore) -> None:
     assert dispatcher.run().studies == [study_id]
     assert flaky.failures == 0
     assert store.get_study(study_id).status is StudyStatus.COMPLETED
+
+
+class RayDownFirst(FakeRunner):
+    """The runner while Ray cannot be reached: its first ``down`` studies end the way
+    ``workers.runner.run_study`` ends one then (no trial; the error), then Ray is back."""
+
+    def __init__(self, down: int) -> None:
+        super().__init__()
+        self.down = down
+
+    def __call__(self, store: StudyStore, study_id: int, worker_id: str) -> None:
+        if self.down:
+            self.down -= 1
+            self.calls.append((study_id, worker_id))
+            raise ClusterUnavailableError("could not connect to the Ray cluster at RAY_ADDRESS=h:1")
+        super().__call__(store, study_id, worker_id)
+
+
+def test_a_study_that_cannot_reach_ray_is_given_back_and_run_once_ray_is_back(
+    store: StudyStore,
+) -> None:
+    (study_id,) = queue(store, 1)
+    runner = RayDownFirst(down=2)
+    dispatcher = Dispatcher(store, settings(poll_s=0.05), runner=runner, worker_id="w1")
+    thread = threading.Thread(target=dispatcher.run)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while store.get_study(study_id).status is not StudyStatus.COMPLETED:
+        assert time.monotonic() < deadline, store.get_study(study_id)
+        time.sleep(0.02)
+    dispatcher.stop()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    stats = dispatcher.stats
+    # claimed three times: given back twice (not failed), then run
+    assert [c[0] for c in runner.calls] == [study_id] * 3
+    assert (stats.released, stats.failed, stats.unavailable) == ([study_id] * 2, [], None)
+    study = store.get_study(study_id)
+    assert (study.attempts, study.error) == (3, None)
+
+
+def test_once_gives_back_a_study_that_cannot_reach_ray_and_stops(store: StudyStore) -> None:
+    first, second = queue(store, 2)
+    stats = Dispatcher(store, settings(), runner=RayDownFirst(down=1), once=True).run()
+    assert (stats.studies, stats.released, stats.failed) == ([first], [first], [])
+    assert stats.unavailable is not None
+    assert "RAY_ADDRESS=h:1" in stats.unavailable
+    study = store.get_study(first)
+    assert (study.status, study.worker_id, study.error) == (StudyStatus.QUEUED, None, None)
+    assert store.get_study(second).attempts == 0  # nothing claimed after it
 
 
 def test_the_dispatcher_removes_the_files_of_deleted_studies_when_it_looks_for_work(

@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from tuner.errors import ValidationError
+from tuner.errors import ClusterUnavailableError, ValidationError
 from tuner.spec import StudySpec
+from tuner.store.records import StudyStatus
 from tuner.store.storage import StudyStore
 from workers.runner import check_spec, tune_spec
 from workers.tasks import BaseTask, TaskData, TaskOptions, register_task, unregister_task
@@ -144,3 +145,36 @@ def test_a_task_whose_model_cannot_train_is_rejected_before_any_trial(
         check_spec(StudySpec.from_dict({"task": good.name}))  # the same task, a sound model
     finally:
         unregister_task(good.name)
+
+
+def test_a_study_whose_ray_cannot_be_reached_goes_back_to_the_queue(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray unreachable as the study starts (here ``ray.init`` raises what Ray raises for a
+    cluster it cannot reach): no trial ran, so the study is queued again, not failed, and the
+    error says so and names the address."""
+    import ray
+
+    def unreachable(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.5:6379")
+
+    # Ray as a process that has not connected yet (a Ray this test session runs stays up:
+    # the clean-up shutdown after the failed connect is recorded, not done)
+    shutdowns: list[object] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", unreachable)
+    monkeypatch.setattr(ray, "shutdown", lambda *a, **k: shutdowns.append(a))
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    spec = StudySpec.from_yaml("task: digits\nbaselines: false\nbudget: {trials: 2, seed_runs: 0}")
+    with pytest.raises(ClusterUnavailableError) as info:
+        tune_spec(spec, db_url, tmp_path / "best.yaml", quiet=True)
+    message = str(info.value)
+    assert "could not connect to the Ray cluster at RAY_ADDRESS=10.0.0.5:6379" in message
+    assert "ConnectionError: Failed to connect to Ray cluster at 10.0.0.5:6379" in message
+    with StudyStore(db_url) as store:
+        (study,) = store.list_studies().items
+        assert f"Study {study.id} is queued again" in message
+        assert (study.status, study.worker_id, study.error) == (StudyStatus.QUEUED, None, None)
+        assert store.list_trials(study.id).total == 0
+    assert not (tmp_path / "best.yaml").exists()
+    assert len(shutdowns) == 1  # what the failed connect left behind is cleaned up

@@ -70,6 +70,7 @@ def worker(
 
     SIGTERM or Ctrl+C gives a running study back to the queue and exits.
     """
+    from tuner.errors import ClusterUnavailableError
     from tuner.settings import get_settings
     from tuner.store import StudyStore
     from workers.dispatcher import Dispatcher, install_signal_handlers
@@ -93,6 +94,9 @@ def worker(
         + (f", gave back {len(stats.released)}" if stats.released else ""),
         err=True,
     )
+    if once and stats.unavailable is not None:
+        # --once stopped at a study it could not start: not a clean run of the queue
+        raise ClusterUnavailableError(stats.unavailable)
 
 
 class EmbeddedDispatcher:
