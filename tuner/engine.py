@@ -54,6 +54,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import threading
 import time
@@ -343,6 +344,28 @@ def rung_epochs(grace_period: int, reduction_factor: float, max_t: int) -> tuple
     return tuple(sorted({math.ceil(m - 1e-9) for m in milestones if m < max_t}))
 
 
+#: How long :func:`probe_ray_address` waits for the head's GCS port to accept a connection.
+RAY_PROBE_TIMEOUT_S: Final = 5.0
+
+
+def probe_ray_address(address: str, timeout_s: float = RAY_PROBE_TIMEOUT_S) -> None:
+    """Raise :class:`ClusterUnavailableError` at once when nothing accepts a TCP connection at
+    ``address`` (``host:port``, the head's GCS). ``ray.init`` would retry such an address for
+    minutes (about 12 with Ray's defaults) while the study it was to run sat claimed. Other
+    forms (``auto``, ``local``, ``ray://...``, no port) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or "://" in address:
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ClusterUnavailableError(
+            f"could not connect to the Ray cluster at RAY_ADDRESS={address}: nothing accepts "
+            f"connections there ({exc}); check that the head node is up and the address is right"
+        ) from exc
+
+
 def connect_ray() -> None:
     """Connect to Ray unless connected: the cluster ``RAY_ADDRESS`` names, or a local instance
     (without Ray's own dashboard: it costs seconds and memory, and stagetune's dashboard shows
@@ -352,13 +375,17 @@ def connect_ray() -> None:
     aborting the process: a ``stagetune worker`` stopped mid-study (``docker stop``) would die
     with its study still claimed until the heartbeat went stale, instead of giving it back.
 
-    Raises :class:`ClusterUnavailableError` when ``ray.init`` fails to reach Ray (Ray raises
+    Raises :class:`ClusterUnavailableError` when nothing answers at ``RAY_ADDRESS``
+    (:func:`probe_ray_address`, before ``ray.init``) or ``ray.init`` fails to reach Ray (Ray raises
     ``ConnectionError`` for a cluster it cannot reach, ``RuntimeError`` when no node of the
     cluster runs on this machine after its 60 s wait, ``TimeoutError``): the caller has started
     nothing yet, so the study can run later.
     """
     if ray.is_initialized():
         return
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    if address:
+        probe_ray_address(address)
     signals = (signal.SIGTERM, signal.SIGINT)
     in_main = threading.current_thread() is threading.main_thread()
     saved = {sig: signal.getsignal(sig) for sig in signals} if in_main else {}
@@ -367,7 +394,6 @@ def connect_ray() -> None:
     except (ConnectionError, TimeoutError, RuntimeError) as exc:
         with contextlib.suppress(Exception):  # what a half-made connection left behind
             ray.shutdown()
-        address = os.environ.get("RAY_ADDRESS", "").strip()
         if address:
             where = f"the Ray cluster at RAY_ADDRESS={address}"
             fix = "check that the cluster is up and that this machine runs a node of it"

@@ -6,6 +6,7 @@ raises, with the error message."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -170,6 +171,41 @@ def test_worker_command_fails_a_study_whose_run_raises(sqlite_url: str) -> None:
         assert study.worker_id == "cli-worker"
         assert study.error is not None
         assert "hidden_dim" in study.error
+
+
+@pytest.mark.slow
+@pytest.mark.ray_free
+def test_worker_command_gives_back_a_study_when_nothing_answers_at_ray_address(
+    sqlite_url: str,
+) -> None:
+    """A ``RAY_ADDRESS`` where no Ray head listens (a stopped cluster, a wrong port): the study
+    goes back to the queue at once, not failed and not held for the minutes ``ray.init``
+    would retry, and ``--once`` exits 1 saying why."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    upgrade(sqlite_url)
+    with StudyStore(sqlite_url) as store:
+        study_id = submit(store, quick_spec("no-ray"))
+        result = subprocess.run(  # ray.init would retry the address for about 12 minutes
+            [*STAGETUNE, "worker", "--once", "--worker-id", "cli-worker"],
+            cwd=REPO,
+            env=env(STAGETUNE_DATABASE_URL=sqlite_url, RAY_ADDRESS=f"127.0.0.1:{port}"),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 1, result.stderr
+        assert "ran 1 studies, gave back 1" in result.stderr
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith(
+            f"stagetune: error: could not connect to the Ray cluster at "
+            f"RAY_ADDRESS=127.0.0.1:{port}: nothing accepts connections there"
+        ), result.stderr
+        assert f"Study {study_id} is queued again" in last
+        study = store.get_study(study_id)
+        assert (study.status, study.worker_id, study.error) == (StudyStatus.QUEUED, None, None)
+        assert store.list_trials(study_id).total == 0
 
 
 @pytest.mark.postgres

@@ -150,13 +150,14 @@ def test_a_task_whose_model_cannot_train_is_rejected_before_any_trial(
 def test_a_study_whose_ray_cannot_be_reached_goes_back_to_the_queue(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Ray unreachable as the study starts (here ``ray.init`` raises what Ray raises for a
-    cluster it cannot reach): no trial ran, so the study is queued again, not failed, and the
-    error says so and names the address."""
+    """Ray unreachable as the study starts (here ``ray.init`` raises what Ray raises when it
+    cannot start or reach its instance): no trial ran, so the study is queued again, not
+    failed, and the error says so. (A ``RAY_ADDRESS`` where nothing answers, for real:
+    tests/workers/test_cli_client.py.)"""
     import ray
 
     def unreachable(*args: object, **kwargs: object) -> None:
-        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.5:6379")
+        raise ConnectionError("Could not find any running Ray instance.")
 
     # Ray as a process that has not connected yet (a Ray this test session runs stays up:
     # the clean-up shutdown after the failed connect is recorded, not done)
@@ -164,13 +165,15 @@ def test_a_study_whose_ray_cannot_be_reached_goes_back_to_the_queue(
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", unreachable)
     monkeypatch.setattr(ray, "shutdown", lambda *a, **k: shutdowns.append(a))
-    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     spec = StudySpec.from_yaml("task: digits\nbaselines: false\nbudget: {trials: 2, seed_runs: 0}")
     with pytest.raises(ClusterUnavailableError) as info:
         tune_spec(spec, db_url, tmp_path / "best.yaml", quiet=True)
     message = str(info.value)
-    assert "could not connect to the Ray cluster at RAY_ADDRESS=10.0.0.5:6379" in message
-    assert "ConnectionError: Failed to connect to Ray cluster at 10.0.0.5:6379" in message
+    assert (
+        "could not connect to a local Ray instance (ConnectionError: Could not find any "
+        "running Ray instance.)"
+    ) in message
     with StudyStore(db_url) as store:
         (study,) = store.list_studies().items
         assert f"Study {study.id} is queued again" in message
