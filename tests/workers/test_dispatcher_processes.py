@@ -149,6 +149,7 @@ def test_signal_gives_the_running_study_back_and_exits_cleanly(
 
 
 @pytest.mark.slow
+@pytest.mark.ray_free  # the run raises before it connects to Ray
 def test_worker_command_fails_a_study_whose_run_raises(sqlite_url: str) -> None:
     upgrade(sqlite_url)
     with StudyStore(sqlite_url) as store:
