@@ -108,7 +108,10 @@ class StudyOut(Schema):
     heartbeat_at: datetime | None
     worker_id: str | None
     attempts: int
-    error: str | None
+    error: str | None = Field(
+        description="Why the study failed; for a queued study, why the worker that claimed it "
+        "last gave it back without starting it (Ray unreachable), until its next claim."
+    )
 
     @classmethod
     def from_record(cls, study: StudyRecord, schedule_summary: str | None = None) -> StudyOut:

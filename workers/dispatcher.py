@@ -312,8 +312,9 @@ class Dispatcher:
             self.stats.interrupted = True
             self._release(study_id)
             return
-        except ClusterUnavailableError:
-            self._release(study_id)  # the runner gave it back already; this makes sure of it
+        except ClusterUnavailableError as exc:
+            # the runner gave it back already; this makes sure of it
+            self._release(study_id, reason=f"not started: {exc}")
             raise
         except Exception as exc:
             log.exception("study %s failed", study_id)
@@ -322,11 +323,11 @@ class Dispatcher:
             return
         self._check_finished(study_id)
 
-    def _release(self, study_id: int) -> None:
+    def _release(self, study_id: int, reason: str | None = None) -> None:
         """Give an interrupted study back to the queue (unless the runner already did)."""
         with suppress(ConflictError, InvalidStateError, NotFoundError):
             # (released by the runner, finished, or taken over already)
-            self.store.release_study(study_id, self.worker_id)
+            self.store.release_study(study_id, self.worker_id, reason)
         self.stats.released.append(study_id)
         log.info("study %s given back to the queue", study_id)
 

@@ -253,7 +253,7 @@ def run_study(
         if worker_id is None:
             _fail(store, study_id, worker_id, exc)
             raise
-        _release(store, study_id, worker_id)
+        _release(store, study_id, worker_id, reason=f"not started: {exc}")
         raise ClusterUnavailableError(
             f"{exc}. Study {study_id} is queued again: a dispatcher (`stagetune worker`) runs "
             "it once Ray can be reached"
@@ -294,12 +294,15 @@ def _prior_trials(
             return out
 
 
-def _release(store: StudyStore, study_id: int, worker_id: str | None) -> None:
-    """Give the study back to the queue (when ``worker_id`` owns it)."""
+def _release(
+    store: StudyStore, study_id: int, worker_id: str | None, reason: str | None = None
+) -> None:
+    """Give the study back to the queue (when ``worker_id`` owns it), with ``reason`` kept in
+    its ``error`` while it waits (``StudyStore.release_study``)."""
     if worker_id is None:
         return
     try:
-        store.release_study(study_id, worker_id)
+        store.release_study(study_id, worker_id, reason)
     except StagetuneError as exc:
         log.warning("could not release study %s: %s", study_id, exc)
 

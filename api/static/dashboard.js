@@ -330,6 +330,10 @@
     } else if (st.status === "cancelled") {
       html = "<strong>Study cancelled.</strong>" +
         '<span class="banner-detail">' + (st.error ? esc(st.error) : "") + bestText + "</span>" + search;
+    } else if (st.status === "queued" && st.error) {
+      // a worker claimed it but could not start it (Ray unreachable) and gave it back
+      html = "<strong>Queued again.</strong><span class=\"banner-detail\" id=\"study-queued-reason\">" +
+        esc(capitalize(st.error)) + ". A worker tries again by itself; this page updates by itself.</span>";
     } else if (st.status === "queued") {
       html = "<strong>Queued.</strong><span class=\"banner-detail\">Waiting for a worker to pick it up; this page updates by itself.</span>";
     } else if (st.cancel_requested) {

@@ -872,6 +872,32 @@ def test_yaml_downloads_are_valid_schedules(server: Server, page: Any) -> None:
     assert downloaded.stages == other.schedule.stages
 
 
+def test_a_study_given_back_shows_why_while_it_waits(server: Server, page: Any) -> None:
+    spec = StudySpec.from_yaml(RUNNING_SPEC.replace("live-sweep", "given-back"))
+    reason = "not started: could not connect to the Ray cluster at RAY_ADDRESS=head:6379"
+    with StudyStore(server.db_url) as store:
+        study = store.create_study(spec.task, spec.to_dict(), spec.budget.trials, name=spec.name)
+        for _ in range(20):  # earlier tests may have left studies queued
+            claimed = store.claim_study("worker-g", 600)
+            assert claimed is not None
+            if claimed.id == study.id:
+                break
+        store.release_study(study.id, "worker-g", reason)
+
+        page.goto(f"{server.base_url}/studies/{study.id}")
+        page.wait_for_selector("#study-banner:not([hidden])", timeout=10_000)
+        text = page.locator("#study-banner").inner_text()
+        assert "Queued again." in text
+        assert "Not started: could not connect to the Ray cluster at RAY_ADDRESS=head:6379" in text
+        # claimed again and running: the reason goes (the page follows by itself)
+        for _ in range(20):
+            claimed = store.claim_study("worker-h", 600)
+            assert claimed is not None
+            if claimed.id == study.id:
+                break
+        page.wait_for_selector("#study-banner", state="hidden", timeout=10_000)
+
+
 def test_running_study_updates_without_reload(server: Server, page: Any) -> None:
     spec = StudySpec.from_yaml(RUNNING_SPEC.replace("live-sweep", "watched-live"))
     with StudyStore(server.db_url) as store:

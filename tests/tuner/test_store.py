@@ -342,6 +342,21 @@ def test_release_study_requeues_it_for_another_worker(store: StudyStore) -> None
     assert (again.id, again.worker_id, again.attempts) == (study.id, "w2", 2)
 
 
+def test_a_reason_for_giving_a_study_back_stays_until_its_next_claim(store: StudyStore) -> None:
+    study = running_study(store)
+    reason = "not started: could not connect to the Ray cluster at RAY_ADDRESS=head:6379"
+    released = store.release_study(study.id, "w1", reason)
+    assert (released.status, released.error) == (StudyStatus.QUEUED, reason)
+    assert store.get_study(study.id).error == reason
+    again = store.claim_study("w2", 60)
+    assert again is not None
+    assert (again.id, again.error) == (study.id, None)  # claimed again: not news any more
+    assert store.release_study(study.id, "w2").error is None  # a plain give-back: no reason
+    store.claim_study("w3", 60)
+    store.release_study(study.id, "w3", reason)
+    assert store.request_cancel(study.id).error is None  # cancelled while it waited
+
+
 # -- cancel, finish, delete ------------------------------------------------------------------------
 
 

@@ -276,8 +276,12 @@ def test_cancel_and_delete_through_the_cli(server: Server, tmp_path: Path) -> No
         claimed = store.claim_study("cli-test-worker", 60)
         assert claimed is not None
         assert claimed.id == running
-        store.release_study(queued, "cli-test-worker")  # "q" is queued again
+        # "q" is queued again: its worker could not start it
+        store.release_study(queued, "cli-test-worker", "not started: Ray down at head:6379")
 
+    shown = stagetune("status", str(queued), "--url", server.url)
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"given back\s+not started: Ray down at head:6379", shown.stdout), shown.stdout
     done = stagetune("cancel", str(queued), "--url", server.url)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"study {queued} cancelled"

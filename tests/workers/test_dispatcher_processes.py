@@ -205,7 +205,11 @@ def test_worker_command_gives_back_a_study_when_nothing_answers_at_ray_address(
         ), result.stderr
         assert f"Study {study_id} is queued again" in last
         study = store.get_study(study_id)
-        assert (study.status, study.worker_id, study.error) == (StudyStatus.QUEUED, None, None)
+        assert (study.status, study.worker_id) == (StudyStatus.QUEUED, None)
+        assert study.error is not None
+        assert study.error.startswith(
+            f"not started: could not connect to the Ray cluster at RAY_ADDRESS=127.0.0.1:{port}"
+        )
         assert store.list_trials(study_id).total == 0
 
 

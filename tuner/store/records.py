@@ -84,6 +84,8 @@ class StudyRecord:
     attempts: int
     """How many times the study was claimed: more than 1 means a worker took it over."""
     error: str | None
+    """Why the study failed; for a queued study, why the worker that claimed it last gave it
+    back without starting it (Ray unreachable), until the next claim."""
     best_trial_id: int | None
     best_trial_number: int | None
     best_value: float | None

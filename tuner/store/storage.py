@@ -682,6 +682,7 @@ class StudyStore:
                             StudyRow.started_at, literal(now, type_=UTCDateTime())
                         ),
                         attempts=StudyRow.attempts + 1,
+                        error=None,  # why an earlier claim gave it back: not news any more
                     )
                 )
                 if _rowcount(claimed) == 1:
@@ -712,10 +713,15 @@ class StudyStore:
             session.flush()
             return self._load_study(session, study_id)
 
-    def release_study(self, study_id: int, worker_id: str) -> StudyRecord:
+    def release_study(
+        self, study_id: int, worker_id: str, reason: str | None = None
+    ) -> StudyRecord:
         """Give a running study back (graceful worker shutdown): it becomes queued again, or
         cancelled if a cancel was requested. Running trials become failed ("worker released
-        the study"). Errors as :meth:`heartbeat`."""
+        the study"). ``reason``: why the worker could not run it (Ray unreachable), kept in
+        the queued study's ``error`` until its next claim (``None`` leaves no reason). Errors
+        as :meth:`heartbeat`."""
+        reason = _optional_text(reason, "reason")
         with self._session(write=True) as session:
             row = self._owned_running(session, study_id, worker_id)
             now = self._now()
@@ -726,6 +732,7 @@ class StudyStore:
             else:
                 self._fail_trials(session, study_id, RELEASED_REASON, now)
                 row.status = StudyStatus.QUEUED.value
+                row.error = reason
             row.worker_id = None
             row.heartbeat_at = None
             session.flush()
@@ -742,6 +749,7 @@ class StudyStore:
                 row.status = StudyStatus.CANCELLED.value
                 row.cancel_requested = True
                 row.finished_at = self._now()
+                row.error = None  # a reason it was given back earlier: no longer the point
             elif status is StudyStatus.RUNNING:
                 row.cancel_requested = True
             else:

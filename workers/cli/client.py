@@ -286,7 +286,9 @@ def _print_study(study: Mapping[str, Any]) -> None:
     if study.get("worker_id"):
         grid.add_row("worker", f"{study['worker_id']} (attempt {study.get('attempts', '?')})")
     if study.get("error"):
-        grid.add_row("error", _one_line(str(study["error"])))
+        # a queued study's error says why a worker gave it back without starting it
+        label = "given back" if study.get("status") == "queued" else "error"
+        grid.add_row(label, _one_line(str(study["error"])))
     stdout_console().print(grid)
 
 
