@@ -317,9 +317,12 @@ while :; do sleep 0.05; done
 """
 
 
+@contextlib.contextmanager
 def _worker_role_with_fake_ray(
     tmp_path: Path, fail_starts: int, tries: int
-) -> tuple[subprocess.Popen[str], Path]:
+) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """The worker role run with the stand-ins; its whole process group is killed on the way
+    out, whatever happened."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("ray", FAKE_RAY), ("stagetune", FAKE_STAGETUNE)):
@@ -345,7 +348,11 @@ def _worker_role_with_fake_ray(
         text=True,
         start_new_session=True,
     )
-    return role, events
+    try:
+        yield role, events
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(role.pid, signal.SIGKILL)
 
 
 def _events(path: Path) -> list[str]:
@@ -355,8 +362,7 @@ def _events(path: Path) -> list[str]:
 def test_worker_role_starts_its_ray_node_again_when_the_join_fails(tmp_path: Path) -> None:
     """Under load a node's registration with the head can outlast Ray's 30 s start-up wait;
     the role starts the node again instead of ending the dispatcher with it."""
-    role, events = _worker_role_with_fake_ray(tmp_path, fail_starts=1, tries=3)
-    try:
+    with _worker_role_with_fake_ray(tmp_path, fail_starts=1, tries=3) as (role, events):
         deadline = time.monotonic() + 30
         while "ray-up" not in _events(events) and role.poll() is None:
             assert time.monotonic() < deadline, _events(events)
@@ -364,9 +370,6 @@ def test_worker_role_starts_its_ray_node_again_when_the_join_fails(tmp_path: Pat
         assert role.poll() is None, role.communicate()
         role.send_signal(signal.SIGTERM)
         _, stderr = role.communicate(timeout=30)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(role.pid, signal.SIGKILL)  # the stand-ins too, whatever happened
     assert role.returncode == 0, stderr
     seen = _events(events)
     starts = [e for e in seen if e.startswith("ray-start")]
@@ -382,12 +385,8 @@ def test_worker_role_starts_its_ray_node_again_when_the_join_fails(tmp_path: Pat
 
 
 def test_worker_role_gives_up_on_a_ray_node_that_keeps_failing(tmp_path: Path) -> None:
-    role, events = _worker_role_with_fake_ray(tmp_path, fail_starts=99, tries=2)
-    try:
+    with _worker_role_with_fake_ray(tmp_path, fail_starts=99, tries=2) as (role, events):
         _, stderr = role.communicate(timeout=30)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(role.pid, signal.SIGKILL)  # the stand-ins too, whatever happened
     # the node's failure is the role's (compose restarts it), and the dispatcher was stopped
     assert role.returncode == 1, stderr
     seen = _events(events)
