@@ -153,28 +153,6 @@ def run_reuse(
     return out, rows[0]["pids"]
 
 
-def kill_driver_pool() -> None:
-    """Kill this driver's gang pool, if any, and with it the gangs it keeps (its own
-    actors); the next trial then starts a new, empty pool."""
-    import ray
-
-    from workers.gang_pool import POOL_NAMESPACE, pool_name
-
-    name = pool_name()
-    try:
-        ray.kill(ray.get_actor(name, namespace=POOL_NAMESPACE))
-    except ValueError:
-        return  # no pool
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            ray.get_actor(name, namespace=POOL_NAMESPACE)
-        except ValueError:
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"the gang pool {name} was still there 30 s after it was killed")
-
-
 def run_experiment_starts(
     task: str, epochs: int, storage: str, first_pids: tuple[int, ...]
 ) -> dict[str, Any]:
@@ -183,7 +161,7 @@ def run_experiment_starts(
     to the driver's gang pool (``workers.gang_pool``), once with the pool killed first, so
     that the trial starts its gang's processes anew. One trial each; the previous
     experiment's gang must be the one the pooled start trains on."""
-    from workers.gang_pool import IDLE_ENV
+    from workers.gang_pool import IDLE_ENV, close_driver_pool
 
     pooled, pooled_pids = run_reuse(task, epochs, 1, storage, name="reuse-pooled-start")
     if pooled_pids != first_pids:
@@ -191,7 +169,7 @@ def run_experiment_starts(
             f"the later experiment trained on new workers {pooled_pids}, not on the pooled "
             f"gang {first_pids} (is the gang pool off: {IDLE_ENV}=0?)"
         )
-    kill_driver_pool()
+    close_driver_pool()
     fresh, fresh_pids = run_reuse(task, epochs, 1, storage, name="reuse-fresh-start")
     if set(fresh_pids) & set(first_pids):
         raise RuntimeError(f"the pool's gang {first_pids} outlived the pool")

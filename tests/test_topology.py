@@ -677,18 +677,28 @@ class Topology:
             parts.append(f"--- {started.role} (last {lines} lines)\n" + "\n".join(text))
         return "\n".join(parts)
 
+    def stop_role(self, role: str) -> None:
+        """Stop one role the way ``docker compose stop`` does: SIGTERM, then wait."""
+        for started in self.started:
+            if started.role == role:
+                self._terminate(started)
+
+    @staticmethod
+    def _terminate(started: Started) -> None:
+        process = started.process
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)  # the role stops its own children
+            try:
+                process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+
     def stop(self) -> list[str]:
         """Stop every process, newest first; returns the ones that had to be killed after
         their role was stopped (should be none)."""
         for started in reversed(self.started):
-            process = started.process
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)  # the role stops its own children
-                try:
-                    process.wait(timeout=90)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(timeout=30)
+            self._terminate(started)
         # Processes Ray started outlive their parent for a moment (they notice it is gone).
         deadline = time.monotonic() + 30
         while (left := self.marked()) and time.monotonic() < deadline:
@@ -748,6 +758,35 @@ def cluster_nodes(topo: Topology, want: int, timeout: float = 90) -> dict[str, d
     nodes = {by_port[n["port"]]: n for n in json.loads(done.stdout.splitlines()[-1])}
     assert len(nodes) >= want, f"only {sorted(nodes)} joined\n{topo.logs()}"
     return nodes
+
+
+POOLS_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import ray
+    from workers.gang_pool import POOL_NAME
+
+    ray.init(address=sys.argv[1], configure_logging=False, log_to_driver=False)
+    named = ray.util.list_named_actors(all_namespaces=True)
+    print(json.dumps([a["name"] for a in named if a["name"].startswith(POOL_NAME)]))
+    """
+)
+
+
+def pool_actors(topo: Topology) -> list[str]:
+    """The names of the gang pools alive in the cluster (``workers.gang_pool``)."""
+    done = subprocess.run(
+        [sys.executable, "-c", POOLS_SCRIPT, topo.ray_address],
+        env={**topo.env(), "PYTHONPATH": str(REPO)},
+        cwd=topo.workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    names: list[str] = json.loads(done.stdout.splitlines()[-1])
+    return names
 
 
 def study_spec(workdir: Path) -> Path:
@@ -825,10 +864,11 @@ def test_topology_runs_a_study_on_the_ray_worker_node(topology: Topology) -> Non
     assert nodes["ray-head"]["resources"].get("GPU", 0) == 0
     assert nodes["ray-worker"]["resources"]["CPU"] == 2
 
-    # Ray refuses a client without the cluster's token
+    # Ray refuses a client without the cluster's token (refused at its first call to the
+    # head: two connection attempts are enough, not Ray's default of twenty, 20 s here)
     refused = subprocess.run(
         [sys.executable, "-c", f"import ray; ray.init(address={topo.ray_address!r})"],
-        env=topo.env(RAY_AUTH_TOKEN="not-the-token"),
+        env=topo.env(RAY_AUTH_TOKEN="not-the-token", RAY_gcs_server_port_wait_time_s="2"),
         cwd=topo.workdir,
         capture_output=True,
         text=True,
@@ -915,6 +955,13 @@ def test_topology_runs_a_study_on_the_ray_worker_node(topology: Topology) -> Non
         trial_actors = [a for a in actors if a["class_name"] == "ScheduleTrainable"]
         assert trial_actors
         assert {a["node_id"] for a in trial_actors} == {nodes["ray-worker"]["id"]}
+
+    # The dispatcher, stopped as `docker compose stop` stops it, ends its gang pool: the warm
+    # gangs do not stay on the worker node (whose own SIGTERM would then wait out Ray's 30 s
+    # drain for them).
+    assert pool_actors(topo), "the study's gangs were never pooled"
+    topo.stop_role("worker")
+    assert pool_actors(topo) == []
 
     # every process stops, none survives (the fixture checks again on the way out)
     survivors = topo.stop()

@@ -47,6 +47,7 @@ __all__ = [
     "MAX_IDLE",
     "POOL_NAME",
     "GangPool",
+    "close_driver_pool",
     "driver_pool",
     "idle_seconds",
     "pool_key",
@@ -89,6 +90,43 @@ def pool_name() -> str:
     import ray
 
     return f"{POOL_NAME}-{ray.get_runtime_context().get_job_id()}"
+
+
+def close_driver_pool(wait_s: float = 30.0, *, strict: bool = True) -> bool:
+    """Kill this driver's pool, and with it the gangs it keeps (its own actors), if it has
+    one; ``True`` if a pool was killed. A driver that is done with Ray calls it (the
+    ``worker`` and ``tune`` commands, as they end): the pool is detached and would otherwise
+    keep its warm gangs on the nodes for the idle time, and a node stopped meanwhile (SIGTERM)
+    waits out Ray's drain time (30 s) for them. A later trial of the same driver starts a new,
+    empty pool. Raises ``TimeoutError`` if the pool is still there after ``wait_s``; with
+    ``strict=False`` (a command ending) any failure is logged and ``False`` returned."""
+    if not strict:
+        try:
+            return close_driver_pool(wait_s)
+        except Exception as exc:
+            log.warning("could not end the gang pool: %s", exc)
+            return False
+    import sys
+
+    if "ray" not in sys.modules:
+        return False  # this process never used Ray
+    import ray
+
+    if not ray.is_initialized():
+        return False
+    name = pool_name()
+    try:
+        ray.kill(ray.get_actor(name, namespace=POOL_NAMESPACE), no_restart=True)
+    except ValueError:
+        return False  # no pool
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=POOL_NAMESPACE)
+        except ValueError:
+            return True
+        time.sleep(0.1)
+    raise TimeoutError(f"the gang pool {name} was still there {wait_s:g} s after it was killed")
 
 
 def driver_pool() -> Any | None:

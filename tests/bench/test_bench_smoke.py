@@ -286,8 +286,10 @@ def test_trial_overhead_measures_a_later_experiments_start(
     """The experiment-start part of ``bench/trial_overhead.py``: after a first Tune
     experiment, a later one's first trial trains on the gang the driver's pool kept (the same
     worker pids), and once the pool is killed, on new processes; both timed."""
+    from workers.gang_pool import close_driver_pool
+
     module = _load("trial_overhead")
-    module.kill_driver_pool()  # gangs that earlier tests gave back would be lent first
+    close_driver_pool()  # gangs that earlier tests gave back would be lent first
     first, pids = module.run_reuse("digits", 1, 1, str(tmp_path))
     assert len(first) == 1
     assert len(pids) == 2

@@ -24,6 +24,7 @@ def _run_spec_file(
     from tuner.settings import get_settings
     from tuner.spec import StudySpec
     from tuner.store.records import StudyStatus
+    from workers.gang_pool import close_driver_pool
     from workers.runner import tune_spec
 
     if not spec_path.is_file():
@@ -35,9 +36,12 @@ def _run_spec_file(
         trainable = trainable_with_tasks(load_task_file(task_file))
     spec = StudySpec.from_yaml(spec_path.read_text(encoding="utf-8"))
     settings = get_settings()
-    result = tune_spec(
-        spec, database_url or settings.resolved_database_url, out, trainable=trainable
-    )
+    try:
+        result = tune_spec(
+            spec, database_url or settings.resolved_database_url, out, trainable=trainable
+        )
+    finally:
+        close_driver_pool(wait_s=10, strict=False)  # its warm gangs end with the command
     reason = result.no_result_reason()
     if reason is not None:
         raise StagetuneError(reason)  # exit code 1: the run ended, without a schedule

@@ -74,6 +74,7 @@ def worker(
     from tuner.settings import get_settings
     from tuner.store import StudyStore
     from workers.dispatcher import Dispatcher, install_signal_handlers
+    from workers.gang_pool import close_driver_pool
 
     _configure_logging(log_level)
     settings = get_settings()
@@ -88,6 +89,7 @@ def worker(
             stats = dispatcher.run()
         finally:
             restore()
+            close_driver_pool(wait_s=10, strict=False)  # its warm gangs end with the command
     typer.echo(
         f"stagetune worker {dispatcher.worker_id}: ran {len(stats.studies)} studies"
         + (f", {len(stats.failed)} failed" if stats.failed else "")
