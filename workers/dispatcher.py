@@ -242,8 +242,8 @@ class Dispatcher:
                 continue
             except ClusterUnavailableError as exc:  # the study went back to the queue
                 self.stats.unavailable = str(exc)
-                if self.once:
-                    log.error("%s", exc)
+                if self.once:  # the caller reports the reason (``stats.unavailable``)
+                    log.info("stopping: the study went back to the queue")
                     break
                 outage_s = min(MAX_OUTAGE_BACKOFF_S, max(self.settings.poll_s, 2 * outage_s))
                 log.warning("%s; claiming again in %.1f s", exc, outage_s)

@@ -204,6 +204,8 @@ def test_worker_command_gives_back_a_study_when_nothing_answers_at_ray_address(
             f"RAY_ADDRESS=127.0.0.1:{port}: nothing accepts connections there"
         ), result.stderr
         assert f"Study {study_id} is queued again" in last
+        # said once, by the command: not again by the dispatcher's log above it
+        assert result.stderr.count("nothing accepts connections there") == 1, result.stderr
         study = store.get_study(study_id)
         assert (study.status, study.worker_id) == (StudyStatus.QUEUED, None)
         assert study.error is not None
