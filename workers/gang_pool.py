@@ -20,7 +20,9 @@ So Tune's resource accounting is unchanged, and an idle pooled gang costs memory
 Bounds: a pooled gang is killed after :data:`IDLE_ENV` seconds unused (default 60; ``0``
 turns pooling off), at most :data:`MAX_IDLE` wait at once (the oldest go first); a gang lent
 to a trial actor that dies without giving it back is killed within seconds (the pool watches
-each borrower); the pool ends itself once it has held nothing for the idle time. GPU gangs
+each borrower); the pool ends itself once it has held nothing for the idle time, and at once,
+with every gang it holds, once its driver's job has ended (a driver killed without a chance to
+call :func:`close_driver_pool`: SIGKILL, out of memory, its machine lost). GPU gangs
 are not pooled (a member with no GPU of its own would see none), nor gangs outside Ray Tune
 (which reserve their own placement group). Any pool failure falls back to a gang in the
 trial's placement group, as without the pool.
@@ -43,6 +45,7 @@ from workers.gang import GangMember, WorkerInfo, kill_actors
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "DRIVER_CHECK_S",
     "IDLE_ENV",
     "MAX_IDLE",
     "POOL_NAME",
@@ -50,6 +53,7 @@ __all__ = [
     "close_driver_pool",
     "driver_pool",
     "idle_seconds",
+    "job_has_ended",
     "pool_key",
     "pool_name",
 ]
@@ -64,6 +68,8 @@ IDLE_ENV = env_var("gang_idle_s")
 MAX_IDLE = 4
 #: How often the pool checks idle gangs and borrowers.
 SWEEP_S = 2.0
+#: How often the pool asks Ray whether its driver's job is still alive.
+DRIVER_CHECK_S = 5.0
 
 
 def idle_seconds() -> float:
@@ -157,7 +163,7 @@ def driver_pool() -> Any | None:
                     context.get_node_id(), soft=False
                 ),
             )
-            .remote(idle)
+            .remote(idle, driver_job=context.get_job_id())
         )
     except Exception as exc:
         log.warning("no gang pool (gangs start afresh): %s", exc)
@@ -184,9 +190,13 @@ class GangPool:
     """The body of the pool actor (see the module docstring). Threaded: the sweeper runs
     beside the borrowers' calls; every method holds the lock."""
 
-    def __init__(self, idle_s: float, max_idle: int = MAX_IDLE) -> None:
+    def __init__(
+        self, idle_s: float, max_idle: int = MAX_IDLE, driver_job: str | None = None
+    ) -> None:
         self._idle_s = idle_s
         self._max_idle = max_idle
+        self._driver_job = driver_job  # hex job id of the driver served (None: not watched)
+        self._driver_checked = time.monotonic()
         self._lock = threading.Lock()
         self._pooled: list[_Pooled] = []
         self._lent: dict[int, _Lent] = {}
@@ -194,7 +204,7 @@ class GangPool:
         self._empty_since = time.monotonic()
         self._closing = False
         #: Counters for logs and tests.
-        self.stats = {"created": 0, "reused": 0, "expired": 0, "reclaimed": 0}
+        self.stats = {"created": 0, "reused": 0, "expired": 0, "reclaimed": 0, "orphaned": 0}
         threading.Thread(target=self._sweep_forever, name="gang-pool-sweep", daemon=True).start()
 
     # ------------------------------------------------------------------ borrowers' calls
@@ -268,6 +278,10 @@ class GangPool:
             if lent is not None:
                 kill_actors(lent.actors)
 
+    def driver_job(self) -> str | None:
+        """The hex id of the job whose end ends the pool (None: not watched)."""
+        return self._driver_job
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             return {**self.stats, "pooled": len(self._pooled), "lent": len(self._lent)}
@@ -289,6 +303,11 @@ class GangPool:
         from ray.exceptions import RayActorError
 
         now = time.monotonic()
+        if self._driver_job is not None and now - self._driver_checked >= DRIVER_CHECK_S:
+            self._driver_checked = now
+            if job_has_ended(self._driver_job):
+                self._end_orphaned()
+                return True
         with self._lock:
             if self._pooled or self._lent:
                 self._empty_since = now  # the pool ends only once it has held nothing a while
@@ -321,6 +340,46 @@ class GangPool:
             if self._pooled or self._lent or now - self._empty_since < self._idle_s:
                 return False
             self._closing = True
-        with contextlib.suppress(Exception):
-            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+        _end_this_actor()
         return True
+
+    def _end_orphaned(self) -> None:
+        """The driver's job has ended: no trial of it will borrow a gang again."""
+        with self._lock:
+            self._closing = True
+            gangs = [p.actors for p in self._pooled] + [lent.actors for lent in self._lent.values()]
+            self._pooled, self._lent = [], {}
+            for actors in gangs:
+                kill_actors(actors)
+            self.stats["orphaned"] += len(gangs)
+        log.warning(
+            "the driver job %s has ended; its gang pool ends with the %d gang(s) it held",
+            self._driver_job,
+            len(gangs),
+        )
+        _end_this_actor()
+
+
+def _end_this_actor() -> None:
+    import ray
+
+    with contextlib.suppress(Exception):
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+
+
+def job_has_ended(job_id: str) -> bool:
+    """Whether Ray's job table marks the job ``job_id`` (hex) as ended: its driver exited or
+    was killed. Any failure to ask answers False (the pool then ends on its idle time)."""
+    import ray
+
+    try:
+        gcs: Any = getattr(ray._private.worker.global_worker, "gcs_client")  # noqa: B009
+        jobs = gcs.get_all_job_info(
+            job_or_submission_id=job_id,
+            skip_submission_job_info_field=True,
+            skip_is_running_tasks_field=True,
+        )
+    except Exception as exc:
+        log.debug("cannot read the job table: %s", exc)
+        return False
+    return any(info.job_id.hex() == job_id and info.is_dead for info in jobs.values())

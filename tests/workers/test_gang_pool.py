@@ -1,12 +1,15 @@
 """The driver's gang pool (``workers.gang_pool``): a CPU gang outlives its Tune experiment and
 trains the next experiment's trials with the same results; a trial actor that dies holding a
-gang loses it; idle gangs, and then the empty pool, go away.
+gang loses it; idle gangs, and then the empty pool, go away; a pool whose driver is killed
+ends at once.
 
 Real Ray actors and real gloo training on the session's local Ray instance (2 CPUs).
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -18,7 +21,7 @@ import ray
 
 from tuner.errors import ValidationError
 from tuner.schedule import Schedule
-from workers.gang_pool import IDLE_ENV, GangPool, idle_seconds
+from workers.gang_pool import DRIVER_CHECK_S, IDLE_ENV, GangPool, idle_seconds
 from workers.trainable import ScheduleTrainable
 
 TIMING = {"epoch_time_s", "eval_time_s", "samples_per_s", "loop_time_s", "worker_compute_s"}
@@ -84,6 +87,8 @@ def test_the_next_tune_experiment_trains_on_the_pooled_gang_with_the_same_result
     pool = ray.get_actor(
         f"stagetune-gang-pool-{ray.get_runtime_context().get_job_id()}", namespace="stagetune"
     )
+    # the pool watches this driver's job (a pool of a killed driver ends with it)
+    assert _watched_job(pool) == ray.get_runtime_context().get_job_id()
     counts = _counts(pool)
     assert counts["reused"] >= 1
     assert counts["lent"] == 0  # every trial actor gave its gang back
@@ -93,11 +98,15 @@ def _counts(pool: Any) -> dict[str, int]:
     return cast(dict[str, int], ray.get(pool.counts.remote()))
 
 
-def _own_pool(idle_s: float) -> Any:
+def _watched_job(pool: Any) -> str | None:
+    return cast("str | None", ray.get(pool.driver_job.remote()))
+
+
+def _own_pool(idle_s: float, driver_job: str | None = None) -> Any:
     return (
         ray.remote(GangPool)
         .options(name=f"test-pool-{uuid.uuid4().hex[:8]}", num_cpus=0, max_concurrency=8)
-        .remote(idle_s)
+        .remote(idle_s, driver_job=driver_job)
     )
 
 
@@ -147,3 +156,43 @@ def test_a_gang_whose_trial_actor_dies_is_killed_and_an_idle_pool_ends(
     _wait_for(lambda: _counts(pool)["expired"] == 1)
     assert _dead(members[0])
     _wait_for(lambda: _dead(pool))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_pool_whose_driver_is_killed_ends_with_its_gangs_at_once(ray_session: None) -> None:
+    """A driver SIGKILLed (no chance to close its pool): the detached pool sees its job end in
+    Ray's job table and kills the gangs it keeps and lends, long before the idle time."""
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time, ray; ray.init(address=sys.argv[1]); "
+            "print(ray.get_runtime_context().get_job_id(), flush=True); time.sleep(600)",
+            ray.get_runtime_context().gcs_address,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None
+        job = driver.stdout.readline().strip()
+        assert job, "the driver did not start"
+        node = ray.get_runtime_context().get_node_id()
+        pool = _own_pool(idle_s=600.0, driver_job=job)
+        borrower = Borrower.remote()  # type: ignore[attr-defined]
+        lease, kept = ray.get(pool.create.remote((node,), 1.0, borrower))
+        assert ray.get(pool.give_back.remote(lease, "k", (node,), ())) is True
+        _, lent = ray.get(pool.create.remote((node,), 1.0, borrower))
+        time.sleep(2 * DRIVER_CHECK_S)  # the driver lives: the pool keeps both gangs
+        counts = _counts(pool)
+        assert (counts["pooled"], counts["lent"], counts["orphaned"]) == (1, 1, 0)
+    finally:
+        driver.kill()
+        driver.communicate()
+    started = time.monotonic()
+    _wait_for(lambda: _dead(pool))
+    assert time.monotonic() - started < 4 * DRIVER_CHECK_S  # not the idle time (600 s)
+    assert _dead(kept[0])
+    assert _dead(lent[0])
+    assert _dead(borrower) is False  # the test's own actor: not the pool's to end
