@@ -69,7 +69,7 @@ that never does counts the whole budget, and the JSON flags it).
         --methods default,random,tpe_asha,pbt --reuse bench/results/tuning_efficiency.json
     # an earlier run's studies aggregated again by this script (nothing trained):
     .venv/bin/python bench/tuning_efficiency.py --rescore bench/results/tuning_efficiency.json
-    # ... and each seed's best default schedule retrained on every seed (``cross_seed``):
+    # ... and each seed's best schedule retrained on every seed (``cross_seed``, ``paired``):
     .venv/bin/python bench/tuning_efficiency.py --rescore bench/results/tuning_efficiency.json \
         --cross-seed
 
@@ -82,8 +82,11 @@ the studies of one seed share it, so on a task whose seed-to-seed spread exceeds
 tolerance (tinylm: 0.08-0.105 nats, a schedule's std over five seeds, against 0.05) a seed
 that is lucky for every schedule sets a best known that the other seeds' studies cannot
 reach. The summary line keeps the global measure. ``--cross-seed`` measures that spread: each
-seed's best schedule of the default search retrained on every seed, and the mean over those
-schedules of their standard deviation over the seeds, against the tolerance.
+seed's best schedule (whichever search found it) retrained on every seed, and the mean over
+those schedules of their standard deviation over the seeds, against the tolerance. It also
+gives the **paired** measure (``paired``): the schedule with the best mean over the seeds is
+the best known, and a study of seed k must come within the tolerance of that schedule's value
+on seed k, so a seed's luck is on both sides of the comparison.
 """
 
 from __future__ import annotations
@@ -361,26 +364,45 @@ def best_full_trial(
     return best
 
 
+def seed_bests(
+    studies: Sequence[Mapping[str, Any]],
+    epochs: int,
+    metric: Metric,
+    budget: float,
+    method: str | None = None,
+) -> list[tuple[int, Mapping[str, Any]]]:
+    """Per seed (ascending), its best full run within ``budget`` over the studies of
+    ``method`` (None: of every search), with ``_method`` set to the search that found it."""
+    best: dict[int, Mapping[str, Any]] = {}
+    for study in studies:
+        if method is not None and study["method"] != method:
+            continue
+        trial = best_full_trial(study, epochs, metric, budget)
+        seed = int(study["seed"])
+        if trial is not None and (
+            seed not in best or metric.better(float(trial["_value"]), float(best[seed]["_value"]))
+        ):
+            best[seed] = {**trial, "_method": study["method"]}
+    return sorted(best.items())
+
+
 def cross_seed_check(
     studies: Sequence[Mapping[str, Any]],
     args: argparse.Namespace,
     metric: Metric,
-    method: str = "default",
+    method: str | None = None,
 ) -> dict[str, Any]:
-    """Each seed's best ``method`` schedule retrained on every seed of the run (one worker
-    per run, outside Tune): how far one schedule's value moves from seed to seed, against the
-    tolerance. Where that spread exceeds the tolerance, the global threshold asks a study for
-    a lucky seed, not for a better schedule."""
+    """Each seed's best schedule (of any search; of ``method``'s only if given) retrained on
+    every seed of the run (one worker per run, outside Tune): how far one schedule's value
+    moves from seed to seed, against the tolerance. Where that spread exceeds the tolerance,
+    the global threshold asks a study for a lucky seed, not for a better schedule. The
+    schedule with the best mean is the best schedule known of the paired measure
+    (:func:`paired_of`)."""
     from tuner.schedule import Schedule
 
     started = time.perf_counter()
-    mine = sorted((s for s in studies if s["method"] == method), key=lambda s: int(s["seed"]))
     seeds = sorted({int(s["seed"]) for s in studies})
-    picks = []
-    for study in mine:
-        trial = best_full_trial(study, args.epochs, metric, args.random_trials * args.epochs)
-        if trial is not None:
-            picks.append((int(study["seed"]), trial))
+    picks = seed_bests(studies, args.epochs, metric, args.random_trials * args.epochs, method)
     jobs = [
         Job(
             f"seed{found}#{trial['number']}",
@@ -406,6 +428,7 @@ def cross_seed_check(
         rows.append(
             {
                 "found_on_seed": found,
+                "found_by": trial["_method"],
                 "trial": trial["number"],
                 "summary": trial.get("summary"),
                 "study_value": trial["_value"],
@@ -421,7 +444,7 @@ def cross_seed_check(
         if best is None or metric.better(r["mean"], best["mean"]):
             best = r
     return {
-        "method": method,
+        "method": method or "any",
         "seeds": seeds,
         "schedules": rows,
         "spread": mean_std(stds)[0] if stds else math.nan,
@@ -441,7 +464,8 @@ def _cross_seed_markdown(data: Mapping[str, Any], metric: Metric) -> str:
     for r in cross["schedules"]:
         rows.append(
             [
-                f"seed {r['found_on_seed']}, trial {r['trial']}",
+                f"seed {r['found_on_seed']}, trial {r['trial']} "
+                f"({r.get('found_by', cross['method'])})",
                 f"`{r['summary']}`",
                 metric.show(r["study_value"]),
                 *(metric.show(r["values"].get(str(k))) for k in seeds),
@@ -449,14 +473,14 @@ def _cross_seed_markdown(data: Mapping[str, Any], metric: Metric) -> str:
             ]
         )
     table = markdown_table(
-        ["best of the default on", "stages", "in its study", *(f"seed {k}" for k in seeds), "mean"],
+        ["best run on", "stages", "in its study", *(f"seed {k}" for k in seeds), "mean"],
         rows,
     )
     best = cross["best_mean"]
     spread, tol = cross["spread"], cross["tolerance"]
     verdict = (
         "larger than the tolerance: the global threshold rewards a study's seed as much as its "
-        "search, and the per-seed measure above is the one that compares searches"
+        "search, and the paired and per-seed measures above are the ones that compare searches"
         if spread > tol
         else "smaller than the tolerance: the global threshold mostly compares schedules, not seeds"
     )
@@ -468,8 +492,9 @@ def _cross_seed_markdown(data: Mapping[str, Any], metric: Metric) -> str:
         if best
         else ""
     )
+    searches = "any search" if cross["method"] == "any" else f"the {cross['method']} search"
     return (
-        f"\nCross-seed check: each seed's best full run of the {cross['method']} search, "
+        f"\nCross-seed check: each seed's best full run of {searches}, "
         "retrained on every seed (1 worker, outside Tune; the validation metric after the last "
         f"epoch; {cross['wall_time_s']:.0f} s):\n\n"
         f"{table}\n"
@@ -620,6 +645,7 @@ def _markdown(data: dict[str, Any]) -> str:
         f"<= 1 of PBT: {'met' if data['target_met'] else 'NOT met'}.\n",
         _levels_markdown(data, metric),
         _per_seed_markdown(data, metric),
+        _paired_markdown(data, metric),
         _cross_seed_markdown(data, metric),
         f"\nThe stage-wise search (not the default) to random: "
         f"{_ratio(data['ratio_stagewise_vs_random'])}, to PBT: "
@@ -756,6 +782,80 @@ def per_seed_of(
     }
 
 
+def paired_of(
+    studies: Sequence[Mapping[str, Any]],
+    cross: Mapping[str, Any] | None,
+    tolerance: float,
+    budget: int,
+    metric: Metric,
+) -> dict[str, Any] | None:
+    """The measure against the best schedule known trained on each study's own seed: the
+    cross-seed check's schedule with the best mean over the seeds is the best known, and a
+    study of seed k reaches it when its best-so-far comes within the tolerance of that
+    schedule's value on seed k (a paired comparison: the seed's luck, good or bad, is on both
+    sides). A study that does not within ``budget`` counts ``budget``. None without a
+    cross-seed check, or where the best schedule has no value on some seed of the studies."""
+    best = (cross or {}).get("best_mean")
+    if not best:
+        return None
+    values = {int(k): v for k, v in best["values"].items() if v is not None}
+    if any(int(s["seed"]) not in values for s in studies):
+        return None
+    methods: dict[str, dict[str, Any]] = {}
+    for method in METHODS:
+        mine = [s for s in studies if s["method"] == method]
+        if not mine:
+            continue
+        reached = [
+            epochs_to_reach(
+                s["curve"], metric.threshold(values[int(s["seed"])], tolerance), budget, metric
+            )
+            for s in mine
+        ]
+        methods[method] = {
+            "epochs_to_reach": reached,
+            "epochs_to_reach_mean": mean_std([budget if r is None else r for r in reached])[0],
+            "not_reached": sum(r is None for r in reached),
+        }
+    return {
+        "schedule": {k: best.get(k) for k in ("found_on_seed", "found_by", "trial", "summary")},
+        "best_known": {str(seed): value for seed, value in sorted(values.items())},
+        "methods": methods,
+        "ratio_vs_random": ratio_of(methods, DEFAULT, "random"),
+        "ratio_vs_tpe_asha": ratio_of(methods, DEFAULT, "tpe_asha"),
+        "ratio_vs_pbt": ratio_of(methods, DEFAULT, "pbt"),
+    }
+
+
+def _paired_markdown(data: dict[str, Any], metric: Metric) -> str:
+    paired = data.get("paired")
+    if not paired:
+        return ""
+    budget = data["config"]["budget_trial_epochs"]
+    best = paired["schedule"]
+    values = ", ".join(
+        f"seed {seed} {metric.show(value)}" for seed, value in paired["best_known"].items()
+    )
+    rows = []
+    for method, m in paired["methods"].items():
+        cells = ["-" if r is None else f"{r:.0f}" for r in m["epochs_to_reach"]]
+        bound = " (lower bound)" if m["not_reached"] else ""
+        rows.append([method, ", ".join(cells), f"{m['epochs_to_reach_mean']:.0f}{bound}"])
+    table = markdown_table(["method", "trial-epochs per seed (- not reached)", "mean"], rows)
+    return (
+        "\nAgainst the best schedule known trained on each study's own seed (paired: the "
+        "schedule with the best mean in the cross-seed check below, "
+        f"`{best['summary']}` (found by {best.get('found_by') or 'the default'} on seed "
+        f"{best['found_on_seed']}), scores {values}; a study's threshold is that value on its "
+        f"seed within the tolerance, so a seed's luck counts on both sides; a study that does "
+        f"not reach it within {budget} counts {budget}):\n\n"
+        f"{table}\n"
+        f"Ratios of the default on this measure: to random {_ratio(paired['ratio_vs_random'])}, "
+        f"to TPE + ASHA {_ratio(paired['ratio_vs_tpe_asha'])}, to PBT "
+        f"{_ratio(paired['ratio_vs_pbt'])}.\n"
+    )
+
+
 def ratio_of(methods: Mapping[str, Mapping[str, Any]], method: str, to: str) -> float:
     """Mean trial-epochs to the threshold of ``method`` over those of ``to`` (NaN when either
     was not run)."""
@@ -859,6 +959,8 @@ def report(
         }
     levels = levels_of(studies, best_known, args.tolerance, budget, metric)
     per_seed = per_seed_of(studies, args.tolerance, budget, metric)
+    cross = getattr(args, "cross_seed_result", None)
+    paired = paired_of(studies, cross, args.tolerance, budget, metric)
     reused = getattr(args, "reused", None)
     rescored = bool(reused and reused.get("rescored"))
 
@@ -885,6 +987,7 @@ def report(
         "methods": methods,
         "levels": levels,
         "per_seed": per_seed,
+        "paired": paired,
         "default": DEFAULT,
         "ratio": ratio,
         "ratio_vs_tpe_asha": ratio_tpe,
@@ -897,7 +1000,7 @@ def report(
         "machine": machine_info(),
         "total_wall_time_s": time.perf_counter() - started,
         "reused": reused,
-        "cross_seed": getattr(args, "cross_seed_result", None),
+        "cross_seed": cross,
     }
     if reused and rescored:  # the machine and time its studies ran on and took
         data["machine"] = reused["machine"]
@@ -984,9 +1087,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--cross-seed",
         action="store_true",
-        help="at the end, retrain each seed's best default schedule on every seed and report "
-        "how far one schedule moves from seed to seed against the tolerance (with --rescore: "
-        "the only runs it trains)",
+        help="at the end, retrain each seed's best schedule (of any search) on every seed, "
+        "report how far one schedule moves from seed to seed against the tolerance, and measure "
+        "every study against the best-mean schedule on its own seed (with --rescore: the only "
+        "runs it trains)",
     )
     parser.add_argument(
         "--first-seed",

@@ -303,3 +303,65 @@ def test_each_seed_is_measured_against_its_own_best_schedule(te: ModuleType) -> 
         None,
         None,
     ]
+
+
+def test_the_paired_measure_scores_each_study_against_the_best_schedule_on_its_seed(
+    te: ModuleType,
+) -> None:
+    """The best-mean schedule scores 1.95 on seed 0 and 2.25 on seed 1 (seed 1 is unlucky for
+    it too): a study of seed 1 reaches it at 2.30, which the global threshold (2.00) and seed
+    1's own best (2.10) both refuse; random search on seed 0 stays 0.05 nats short."""
+    loss = te.Metric("val_loss", "min")
+    studies = [
+        _study("default", 0, [(10, 2.3), (30, 1.90)]),
+        _study("random", 0, [(10, 2.4), (60, 2.01)]),
+        _study("default", 1, [(20, 2.30), (50, 2.10)]),
+        _study("random", 1, [(20, 2.40), (80, 2.28)]),
+    ]
+    cross = {
+        "best_mean": {
+            "found_on_seed": 0,
+            "found_by": "default",
+            "trial": 3,
+            "summary": "64@0-10",
+            "values": {"0": 1.95, "1": 2.25},
+        }
+    }
+    paired = te.paired_of(studies, cross, 0.05, 100, loss)
+    assert paired["best_known"] == {"0": 1.95, "1": 2.25}
+    assert paired["methods"]["default"]["epochs_to_reach"] == [30.0, 20.0]
+    assert paired["methods"]["random"]["epochs_to_reach"] == [None, 80.0]
+    assert paired["ratio_vs_random"] == pytest.approx(25 / 90)
+    assert paired["schedule"]["summary"] == "64@0-10"
+    # no cross-seed check, or a seed the schedule was not retrained on: no paired measure
+    assert te.paired_of(studies, None, 0.05, 100, loss) is None
+    cross["best_mean"]["values"] = {"0": 1.95, "1": None}
+    assert te.paired_of(studies, cross, 0.05, 100, loss) is None
+
+
+def test_each_seeds_best_schedule_is_taken_from_whichever_search_found_it(
+    te: ModuleType,
+) -> None:
+    loss = te.Metric("val_loss", "min")
+
+    def study(method: str, seed: int, trials: list[Any]) -> dict[str, Any]:
+        return {
+            "method": method,
+            "seed": seed,
+            "trials": trials,
+            "curve": te.curve(trials, 10, loss),
+        }
+
+    studies = [
+        study("default", 0, [_trial(0, 10, 2.10, 10.0)]),
+        study("random", 0, [_trial(0, 10, 2.00, 10.0)]),
+        study("default", 1, [_trial(4, 10, 2.20, 10.0)]),
+        study("random", 1, [_trial(0, 3, 1.50, 3.0)]),  # stopped early: not a schedule found
+    ]
+    picks = te.seed_bests(studies, 10, loss, 100.0)
+    assert [(seed, t["_method"], t["number"]) for seed, t in picks] == [
+        (0, "random", 0),
+        (1, "default", 4),
+    ]
+    only_default = te.seed_bests(studies, 10, loss, 100.0, method="default")
+    assert [(seed, t["_value"]) for seed, t in only_default] == [(0, 2.10), (1, 2.20)]
