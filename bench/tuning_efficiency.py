@@ -493,14 +493,24 @@ def _cross_seed_markdown(data: Mapping[str, Any], metric: Metric) -> str:
         else ""
     )
     searches = "any search" if cross["method"] == "any" else f"the {cross['method']} search"
+    where = (cross.get("machine") or {}).get("cpu_model")
+    studied = (data.get("machine") or {}).get("cpu_model")
+    other = (
+        f" The studies ran on another CPU ({studied}): there the same schedule on the same seed "
+        "can end elsewhere (another order of floating-point sums), so compare a schedule's "
+        "value in its study with its own seed's column."
+        if where and studied and where != studied
+        else ""
+    )
     return (
         f"\nCross-seed check: each seed's best full run of {searches}, "
-        "retrained on every seed (1 worker, outside Tune; the validation metric after the last "
-        f"epoch; {cross['wall_time_s']:.0f} s):\n\n"
+        "retrained on every seed (1 worker, outside Tune"
+        + (f", on {where}" if where else "")
+        + f"; the validation metric after the last epoch; {cross['wall_time_s']:.0f} s):\n\n"
         f"{table}\n"
         f"One schedule's value moves by {metric.fmt(spread)}{unit} from seed to seed (the "
         f"standard deviation over the seeds, mean over the schedules), {verdict} (tolerance "
-        f"{metric.fmt(tol)}{unit}).{best_text}\n"
+        f"{metric.fmt(tol)}{unit}).{best_text}{other}\n"
     )
 
 
