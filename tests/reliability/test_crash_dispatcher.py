@@ -13,6 +13,8 @@ dead one's heartbeat goes stale and resumes it. Checked afterwards:
   full curve, ``restarts == 1`` with a ``restart_reason``) or is ``failed`` with a reason;
   every other trial ran once (``restarts == 0``); the API shows the same;
 * no schedule was trained twice (a sampler that replayed its sequence would repeat them);
+* the killed worker's gang pool (its trials' warm worker processes) is gone, not kept for its
+  idle time;
 * the interrupted trial, killed after one of its stage boundaries, is not trained from
   scratch where the second worker can reach the first one's stage-boundary states (same host
   or shared storage, even with the experiment's state files cut short): it forks from the
@@ -111,6 +113,20 @@ def start_worker(
         )
 
 
+def other_drivers_pools() -> list[str]:
+    """The gang pools on the cluster (``workers.gang_pool``) but this test session's own."""
+    import ray
+
+    from workers.gang_pool import POOL_NAME, pool_name
+
+    mine = pool_name()
+    return sorted(
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["name"].startswith(POOL_NAME) and actor["name"] != mine
+    )
+
+
 def unreadable(path: Path) -> bool:
     """An empty state file, or one cut short (what a kill during Tune's copy leaves). Only
     ``experiment_state-*.json`` is JSON: ``search_gen_state-*.json`` is a pickle, like
@@ -194,6 +210,7 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
         first = start_worker(sqlite_url, "w-first", data_dir, address, tmp_path / "w1.log", 60)
         killed_running: int | None = None
         saved_at: int | None = None  # the last stage boundary it had saved a state at
+        pools_at_kill: list[str] = []  # the gang pools of other drivers, the first worker's
         try:
             deadline = time.monotonic() + 300
             while True:
@@ -208,6 +225,7 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
                     saved_at = boundary_reached(store, running[0])
                     if saved_at is not None:
                         killed_running = running[0].number
+                        pools_at_kill = other_drivers_pools()
                         break
                 time.sleep(0.05)
         finally:
@@ -256,6 +274,13 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
         log2 = (tmp_path / "w2.log").read_text()
         assert second.returncode == 0, log2[-4000:]
         print(f"taken over and finished {time.monotonic() - kill_time:.0f} s after the kill")
+        # The killed worker's gang pool (its trials' warm worker processes) did not outlive it
+        # for its idle time: it saw its driver's job end and went, gangs and all.
+        assert pools_at_kill, "the first worker's trials kept no gang pool"
+        deadline = time.monotonic() + 15
+        while set(pools_at_kill) & set(other_drivers_pools()):
+            assert time.monotonic() < deadline, (pools_at_kill, other_drivers_pools())
+            time.sleep(0.5)
         aside = sorted((second_dir / "ray").glob("study-*.unreadable-*"))
         if storage != "other-host" and truncated:
             assert len(aside) == 1, sorted((second_dir / "ray").iterdir())
