@@ -81,7 +81,8 @@ schedule known (``per_seed`` in the JSON): every trial of a study trains on the 
 the studies of one seed share it, so on a task whose seed-to-seed spread exceeds the
 tolerance (tinylm: 0.08-0.105 nats, a schedule's std over five seeds, against 0.05) a seed
 that is lucky for every schedule sets a best known that the other seeds' studies cannot
-reach. The summary line keeps the global measure. ``--cross-seed`` measures that spread: each
+reach. The summary line keeps the global measure. ``--cross-seed`` (on by default in a full
+run of two seeds or more; ``--no-cross-seed`` skips it) measures that spread: each
 seed's best schedule (whichever search found it) retrained on every seed, and the mean over
 those schedules of their standard deviation over the seeds, against the tolerance. It also
 gives the **paired** measure (``paired``): the schedule with the best mean over the seeds is
@@ -1096,11 +1097,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument(
         "--cross-seed",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="at the end, retrain each seed's best schedule (of any search) on every seed, "
         "report how far one schedule moves from seed to seed against the tolerance, and measure "
         "every study against the best-mean schedule on its own seed (with --rescore: the only "
-        "runs it trains)",
+        "runs it trains); default: on for a full run of two seeds or more, off for --smoke "
+        "and --rescore",
     )
     parser.add_argument(
         "--first-seed",
@@ -1138,6 +1141,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser.error("--first-seed needs --reuse: the file with the lower seeds' studies")
     if args.pbt_population is None:
         args.pbt_population = max(2, 2 * args.random_trials // 3)
+    if args.cross_seed is None:  # the paired measure needs a schedule retrained on 2+ seeds
+        args.cross_seed = not args.smoke and args.rescore is None and args.seeds >= 2
     study_arguments(args)
     stem = "tuning_efficiency" if default_task else f"tuning_efficiency_{args.task}"
     if args.smoke:
