@@ -765,6 +765,19 @@ def per_seed_of(
         seed, value = int(s["seed"]), s["best_within_budget"]
         if value is not None and (seed not in best or metric.better(value, best[seed])):
             best[seed] = value
+    return _against_seed_values(studies, best, tolerance, budget, metric)
+
+
+def _against_seed_values(
+    studies: Sequence[Mapping[str, Any]],
+    values: Mapping[int, float],
+    tolerance: float,
+    budget: int,
+    metric: Metric,
+) -> dict[str, Any]:
+    """Per method, the trial-epochs each study spent to come within ``tolerance`` of its
+    seed's value in ``values`` (None: not within ``budget``, or no value for its seed; the
+    mean counts such a study ``budget``), and the default's ratios to the other methods."""
     methods: dict[str, dict[str, Any]] = {}
     for method in METHODS:
         mine = [s for s in studies if s["method"] == method]
@@ -772,9 +785,9 @@ def per_seed_of(
             continue
         reached = [
             epochs_to_reach(
-                s["curve"], metric.threshold(best[int(s["seed"])], tolerance), budget, metric
+                s["curve"], metric.threshold(values[int(s["seed"])], tolerance), budget, metric
             )
-            if int(s["seed"]) in best
+            if int(s["seed"]) in values
             else None
             for s in mine
         ]
@@ -783,9 +796,8 @@ def per_seed_of(
             "epochs_to_reach_mean": mean_std([budget if r is None else r for r in reached])[0],
             "not_reached": sum(r is None for r in reached),
         }
-
     return {
-        "best_known": {str(seed): value for seed, value in sorted(best.items())},
+        "best_known": {str(seed): value for seed, value in sorted(values.items())},
         "methods": methods,
         "ratio_vs_random": ratio_of(methods, DEFAULT, "random"),
         "ratio_vs_tpe_asha": ratio_of(methods, DEFAULT, "tpe_asha"),
@@ -812,29 +824,9 @@ def paired_of(
     values = {int(k): v for k, v in best["values"].items() if v is not None}
     if any(int(s["seed"]) not in values for s in studies):
         return None
-    methods: dict[str, dict[str, Any]] = {}
-    for method in METHODS:
-        mine = [s for s in studies if s["method"] == method]
-        if not mine:
-            continue
-        reached = [
-            epochs_to_reach(
-                s["curve"], metric.threshold(values[int(s["seed"])], tolerance), budget, metric
-            )
-            for s in mine
-        ]
-        methods[method] = {
-            "epochs_to_reach": reached,
-            "epochs_to_reach_mean": mean_std([budget if r is None else r for r in reached])[0],
-            "not_reached": sum(r is None for r in reached),
-        }
     return {
         "schedule": {k: best.get(k) for k in ("found_on_seed", "found_by", "trial", "summary")},
-        "best_known": {str(seed): value for seed, value in sorted(values.items())},
-        "methods": methods,
-        "ratio_vs_random": ratio_of(methods, DEFAULT, "random"),
-        "ratio_vs_tpe_asha": ratio_of(methods, DEFAULT, "tpe_asha"),
-        "ratio_vs_pbt": ratio_of(methods, DEFAULT, "pbt"),
+        **_against_seed_values(studies, values, tolerance, budget, metric),
     }
 
 
@@ -844,15 +836,7 @@ def _paired_markdown(data: dict[str, Any], metric: Metric) -> str:
         return ""
     budget = data["config"]["budget_trial_epochs"]
     best = paired["schedule"]
-    values = ", ".join(
-        f"seed {seed} {metric.show(value)}" for seed, value in paired["best_known"].items()
-    )
-    rows = []
-    for method, m in paired["methods"].items():
-        cells = ["-" if r is None else f"{r:.0f}" for r in m["epochs_to_reach"]]
-        bound = " (lower bound)" if m["not_reached"] else ""
-        rows.append([method, ", ".join(cells), f"{m['epochs_to_reach_mean']:.0f}{bound}"])
-    table = markdown_table(["method", "trial-epochs per seed (- not reached)", "mean"], rows)
+    values, table, ratios = _seed_measure_parts(paired, metric)
     return (
         "\nAgainst the best schedule known trained on each study's own seed (paired: the "
         "schedule with the best mean in the cross-seed check below, "
@@ -860,11 +844,28 @@ def _paired_markdown(data: dict[str, Any], metric: Metric) -> str:
         f"{best['found_on_seed']}), scores {values}; a study's threshold is that value on its "
         f"seed within the tolerance, so a seed's luck counts on both sides; a study that does "
         f"not reach it within {budget} counts {budget}):\n\n"
-        f"{table}\n"
-        f"Ratios of the default on this measure: to random {_ratio(paired['ratio_vs_random'])}, "
-        f"to TPE + ASHA {_ratio(paired['ratio_vs_tpe_asha'])}, to PBT "
-        f"{_ratio(paired['ratio_vs_pbt'])}.\n"
+        f"{table}\n{ratios}"
     )
+
+
+def _seed_measure_parts(measure: Mapping[str, Any], metric: Metric) -> tuple[str, str, str]:
+    """A per-seed or paired measure's seed values, its table (per method: trial-epochs per
+    seed and their mean) and its ratios line, for the markdown."""
+    values = ", ".join(
+        f"seed {seed} {metric.show(value)}" for seed, value in measure["best_known"].items()
+    )
+    rows = []
+    for method, m in measure["methods"].items():
+        cells = ["-" if r is None else f"{r:.0f}" for r in m["epochs_to_reach"]]
+        bound = " (lower bound)" if m["not_reached"] else ""
+        rows.append([method, ", ".join(cells), f"{m['epochs_to_reach_mean']:.0f}{bound}"])
+    table = markdown_table(["method", "trial-epochs per seed (- not reached)", "mean"], rows)
+    ratios = (
+        f"Ratios of the default on this measure: to random {_ratio(measure['ratio_vs_random'])}, "
+        f"to TPE + ASHA {_ratio(measure['ratio_vs_tpe_asha'])}, to PBT "
+        f"{_ratio(measure['ratio_vs_pbt'])}.\n"
+    )
+    return values, table, ratios
 
 
 def ratio_of(methods: Mapping[str, Mapping[str, Any]], method: str, to: str) -> float:
@@ -881,25 +882,14 @@ def _per_seed_markdown(data: dict[str, Any], metric: Metric) -> str:
     if not per_seed or not per_seed["methods"]:
         return ""
     budget = data["config"]["budget_trial_epochs"]
-    bests = ", ".join(
-        f"seed {seed} {metric.show(value)}" for seed, value in per_seed["best_known"].items()
-    )
-    rows = []
-    for method, m in per_seed["methods"].items():
-        cells = ["-" if r is None else f"{r:.0f}" for r in m["epochs_to_reach"]]
-        bound = " (lower bound)" if m["not_reached"] else ""
-        rows.append([method, ", ".join(cells), f"{m['epochs_to_reach_mean']:.0f}{bound}"])
-    table = markdown_table(["method", "trial-epochs per seed (- not reached)", "mean"], rows)
+    bests, table, ratios = _seed_measure_parts(per_seed, metric)
     return (
         "\nAgainst each seed's own best schedule known (every trial of a study trains on its "
         "seed, and one seed's studies share it, so a seed lucky for every schedule sets a best "
         f"known the other seeds cannot reach): best per seed: {bests}; a study's threshold is "
         f"its seed's best within the tolerance; a study that does not reach it within {budget} "
         f"counts {budget}.\n\n"
-        f"{table}\n"
-        f"Ratios of the default on this measure: to random {_ratio(per_seed['ratio_vs_random'])}, "
-        f"to TPE + ASHA {_ratio(per_seed['ratio_vs_tpe_asha'])}, to PBT "
-        f"{_ratio(per_seed['ratio_vs_pbt'])}.\n"
+        f"{table}\n{ratios}"
     )
 
 
