@@ -49,6 +49,7 @@ __all__ = [
     "IDLE_ENV",
     "MAX_IDLE",
     "POOL_NAME",
+    "SWEEP_S",
     "GangPool",
     "close_driver_pool",
     "driver_pool",
@@ -191,11 +192,16 @@ class GangPool:
     beside the borrowers' calls; every method holds the lock."""
 
     def __init__(
-        self, idle_s: float, max_idle: int = MAX_IDLE, driver_job: str | None = None
+        self,
+        idle_s: float,
+        max_idle: int = MAX_IDLE,
+        driver_job: str | None = None,
+        driver_check_s: float = DRIVER_CHECK_S,
     ) -> None:
         self._idle_s = idle_s
         self._max_idle = max_idle
         self._driver_job = driver_job  # hex job id of the driver served (None: not watched)
+        self._driver_check_s = driver_check_s
         self._driver_checked = time.monotonic()
         self._lock = threading.Lock()
         self._pooled: list[_Pooled] = []
@@ -303,7 +309,7 @@ class GangPool:
         from ray.exceptions import RayActorError
 
         now = time.monotonic()
-        if self._driver_job is not None and now - self._driver_checked >= DRIVER_CHECK_S:
+        if self._driver_job is not None and now - self._driver_checked >= self._driver_check_s:
             self._driver_checked = now
             if job_has_ended(self._driver_job):
                 self._end_orphaned()

@@ -21,7 +21,7 @@ import ray
 
 from tuner.errors import ValidationError
 from tuner.schedule import Schedule
-from workers.gang_pool import DRIVER_CHECK_S, IDLE_ENV, GangPool, idle_seconds
+from workers.gang_pool import IDLE_ENV, SWEEP_S, GangPool, idle_seconds
 from workers.trainable import ScheduleTrainable
 
 TIMING = {"epoch_time_s", "eval_time_s", "samples_per_s", "loop_time_s", "worker_compute_s"}
@@ -106,8 +106,13 @@ def _own_pool(idle_s: float, driver_job: str | None = None) -> Any:
     return (
         ray.remote(GangPool)
         .options(name=f"test-pool-{uuid.uuid4().hex[:8]}", num_cpus=0, max_concurrency=8)
-        .remote(idle_s, driver_job=driver_job)
+        .remote(idle_s, driver_job=driver_job, driver_check_s=CHECK_S)
     )
+
+
+#: The test pools ask Ray about their driver's job at every sweep (SWEEP_S), not every
+#: DRIVER_CHECK_S (the crash tests check a real dispatcher's pool at the default).
+CHECK_S = SWEEP_S / 2
 
 
 def _wait_for(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -184,7 +189,7 @@ def test_a_pool_whose_driver_is_killed_ends_with_its_gangs_at_once(ray_session: 
         lease, kept = ray.get(pool.create.remote((node,), 1.0, borrower))
         assert ray.get(pool.give_back.remote(lease, "k", (node,), ())) is True
         _, lent = ray.get(pool.create.remote((node,), 1.0, borrower))
-        time.sleep(2 * DRIVER_CHECK_S)  # the driver lives: the pool keeps both gangs
+        time.sleep(1.5 * SWEEP_S)  # the driver lives: the pool keeps both gangs
         counts = _counts(pool)
         assert (counts["pooled"], counts["lent"], counts["orphaned"]) == (1, 1, 0)
     finally:
@@ -192,7 +197,7 @@ def test_a_pool_whose_driver_is_killed_ends_with_its_gangs_at_once(ray_session: 
         driver.communicate()
     started = time.monotonic()
     _wait_for(lambda: _dead(pool))
-    assert time.monotonic() - started < 4 * DRIVER_CHECK_S  # not the idle time (600 s)
+    assert time.monotonic() - started < 10 * SWEEP_S  # not the idle time (600 s)
     assert _dead(kept[0])
     assert _dead(lent[0])
     assert _dead(borrower) is False  # the test's own actor: not the pool's to end
