@@ -388,14 +388,11 @@ def seed_bests(
 
 
 def cross_seed_check(
-    studies: Sequence[Mapping[str, Any]],
-    args: argparse.Namespace,
-    metric: Metric,
-    method: str | None = None,
+    studies: Sequence[Mapping[str, Any]], args: argparse.Namespace, metric: Metric
 ) -> dict[str, Any]:
-    """Each seed's best schedule (of any search; of ``method``'s only if given) retrained on
-    every seed of the run (one worker per run, outside Tune): how far one schedule's value
-    moves from seed to seed, against the tolerance. Where that spread exceeds the tolerance,
+    """Each seed's best schedule (of any search) retrained on every seed of the run (one
+    worker per run, outside Tune): how far one schedule's value moves from seed to seed,
+    against the tolerance. Where that spread exceeds the tolerance,
     the global threshold asks a study for a lucky seed, not for a better schedule. The
     schedule with the best mean is the best schedule known of the paired measure
     (:func:`paired_of`)."""
@@ -403,7 +400,7 @@ def cross_seed_check(
 
     started = time.perf_counter()
     seeds = sorted({int(s["seed"]) for s in studies})
-    picks = seed_bests(studies, args.epochs, metric, args.random_trials * args.epochs, method)
+    picks = seed_bests(studies, args.epochs, metric, args.random_trials * args.epochs)
     jobs = [
         Job(
             f"seed{found}#{trial['number']}",
@@ -445,7 +442,7 @@ def cross_seed_check(
         if best is None or metric.better(r["mean"], best["mean"]):
             best = r
     return {
-        "method": method or "any",
+        "method": "any",  # whose best runs (results before 2026-12-01: "default")
         "seeds": seeds,
         "schedules": rows,
         "spread": mean_std(stds)[0] if stds else math.nan,

@@ -764,11 +764,10 @@ POOLS_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import ray
-    from workers.gang_pool import POOL_NAME
+    from workers.gang_pool import live_pools
 
     ray.init(address=sys.argv[1], configure_logging=False, log_to_driver=False)
-    named = ray.util.list_named_actors(all_namespaces=True)
-    print(json.dumps([a["name"] for a in named if a["name"].startswith(POOL_NAME)]))
+    print(json.dumps(live_pools()))
     """
 )
 

@@ -55,6 +55,7 @@ __all__ = [
     "driver_pool",
     "idle_seconds",
     "job_has_ended",
+    "live_pools",
     "pool_key",
     "pool_name",
 ]
@@ -97,6 +98,17 @@ def pool_name() -> str:
     import ray
 
     return f"{POOL_NAME}-{ray.get_runtime_context().get_job_id()}"
+
+
+def live_pools() -> list[str]:
+    """The names of the gang pools alive in the cluster, every driver's (sorted)."""
+    import ray
+
+    return sorted(
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == POOL_NAMESPACE and actor["name"].startswith(f"{POOL_NAME}-")
+    )
 
 
 def close_driver_pool(wait_s: float = 30.0, *, strict: bool = True) -> bool:

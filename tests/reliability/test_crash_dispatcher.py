@@ -115,16 +115,10 @@ def start_worker(
 
 def other_drivers_pools() -> list[str]:
     """The gang pools on the cluster (``workers.gang_pool``) but this test session's own."""
-    import ray
-
-    from workers.gang_pool import POOL_NAME, pool_name
+    from workers.gang_pool import live_pools, pool_name
 
     mine = pool_name()
-    return sorted(
-        actor["name"]
-        for actor in ray.util.list_named_actors(all_namespaces=True)
-        if actor["name"].startswith(POOL_NAME) and actor["name"] != mine
-    )
+    return [name for name in live_pools() if name != mine]
 
 
 def unreadable(path: Path) -> bool:

@@ -21,7 +21,15 @@ import ray
 
 from tuner.errors import ValidationError
 from tuner.schedule import Schedule
-from workers.gang_pool import IDLE_ENV, SWEEP_S, GangPool, idle_seconds
+from workers.gang_pool import (
+    IDLE_ENV,
+    POOL_NAMESPACE,
+    SWEEP_S,
+    GangPool,
+    idle_seconds,
+    live_pools,
+    pool_name,
+)
 from workers.trainable import ScheduleTrainable
 
 TIMING = {"epoch_time_s", "eval_time_s", "samples_per_s", "loop_time_s", "worker_compute_s"}
@@ -84,9 +92,8 @@ def test_the_next_tune_experiment_trains_on_the_pooled_gang_with_the_same_result
     keys = [k for k in first[0] if k.startswith(("val_", "train_")) and k not in TIMING]
     assert keys
     assert [[r[k] for k in keys] for r in second] == [[r[k] for k in keys] for r in first]
-    pool = ray.get_actor(
-        f"stagetune-gang-pool-{ray.get_runtime_context().get_job_id()}", namespace="stagetune"
-    )
+    pool = ray.get_actor(pool_name(), namespace=POOL_NAMESPACE)
+    assert pool_name() in live_pools()  # found among the cluster's pools
     # the pool watches this driver's job (a pool of a killed driver ends with it)
     assert _watched_job(pool) == ray.get_runtime_context().get_job_id()
     counts = _counts(pool)
