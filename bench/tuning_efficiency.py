@@ -69,7 +69,7 @@ that never does counts the whole budget, and the JSON flags it).
         --methods default,random,tpe_asha,pbt --reuse bench/results/tuning_efficiency.json
     # an earlier run's studies aggregated again by this script (nothing trained):
     .venv/bin/python bench/tuning_efficiency.py --rescore bench/results/tuning_efficiency.json
-    # ... and each seed's best schedule retrained on every seed (``cross_seed``, ``paired``):
+    # ... and each seed's two best schedules retrained on every seed (``cross_seed``, ``paired``):
     .venv/bin/python bench/tuning_efficiency.py --rescore bench/results/tuning_efficiency.json \
         --cross-seed
 
@@ -83,8 +83,10 @@ tolerance (tinylm: 0.08-0.105 nats, a schedule's std over five seeds, against 0.
 that is lucky for every schedule sets a best known that the other seeds' studies cannot
 reach. The summary line keeps the global measure. ``--cross-seed`` (on by default in a full
 run of two seeds or more; ``--no-cross-seed`` skips it) measures that spread: each
-seed's best schedule (whichever search found it) retrained on every seed, and the mean over
-those schedules of their standard deviation over the seeds, against the tolerance. It also
+seed's best schedules (``--cross-seed-picks``, 2 by default: its best full runs of distinct
+schedules, whichever search found them; a schedule several seeds found trains once)
+retrained on every seed, and the mean over those schedules of their standard deviation over
+the seeds, against the tolerance. It also
 gives the **paired** measure (``paired``): the schedule with the best mean over the seeds is
 the best known, and a study of seed k must come within the tolerance of that schedule's value
 on seed k, so a seed's luck is on both sides of the comparison.
@@ -371,55 +373,81 @@ def seed_bests(
     metric: Metric,
     budget: float,
     method: str | None = None,
+    per_seed: int = 1,
 ) -> list[tuple[int, Mapping[str, Any]]]:
-    """Per seed (ascending), its best full run within ``budget`` over the studies of
-    ``method`` (None: of every search), with ``_method`` set to the search that found it."""
-    best: dict[int, Mapping[str, Any]] = {}
+    """Per seed (ascending), its ``per_seed`` best full runs of distinct schedules (best
+    first) within ``budget`` over the studies of ``method`` (None: of every search), with
+    ``_method`` set to the search that found each."""
+    runs: dict[int, list[Mapping[str, Any]]] = {}
     for study in studies:
         if method is not None and study["method"] != method:
             continue
-        trial = best_full_trial(study, epochs, metric, budget)
-        seed = int(study["seed"])
-        if trial is not None and (
-            seed not in best or metric.better(float(trial["_value"]), float(best[seed]["_value"]))
-        ):
-            best[seed] = {**trial, "_method": study["method"]}
-    return sorted(best.items())
+        spent = {p["number"]: p["trial_epochs"] for p in study["curve"]}
+        for t in study["trials"]:
+            value = full_run_value(t, epochs, metric)
+            if value is not None and spent.get(t["number"], math.inf) <= budget:
+                runs.setdefault(int(study["seed"]), []).append(
+                    {**t, "_value": value, "_method": study["method"]}
+                )
+    picks: list[tuple[int, Mapping[str, Any]]] = []
+    for seed, found in sorted(runs.items()):
+        seen: set[str] = set()
+        sign = 1.0 if metric.direction == "min" else -1.0
+        for trial in sorted(found, key=lambda t: sign * float(t["_value"])):  # best first
+            key = schedule_key(trial)
+            if key not in seen and len(seen) < per_seed:
+                seen.add(key)
+                picks.append((seed, trial))
+    return picks
+
+
+def schedule_key(trial: Mapping[str, Any]) -> str:
+    """One schedule's identity, whichever study or seed trained it."""
+    return json.dumps(trial["schedule"], sort_keys=True)
 
 
 def cross_seed_check(
     studies: Sequence[Mapping[str, Any]], args: argparse.Namespace, metric: Metric
 ) -> dict[str, Any]:
-    """Each seed's best schedule (of any search) retrained on every seed of the run (one
-    worker per run, outside Tune): how far one schedule's value moves from seed to seed,
-    against the tolerance. Where that spread exceeds the tolerance,
-    the global threshold asks a study for a lucky seed, not for a better schedule. The
-    schedule with the best mean is the best schedule known of the paired measure
-    (:func:`paired_of`)."""
+    """Each seed's ``args.cross_seed_picks`` best schedules (of any search) retrained on
+    every seed of the run (one worker per run, outside Tune; a schedule that several seeds
+    found trains once): how far one schedule's value moves from seed to seed, against the
+    tolerance. Where that spread exceeds the tolerance, the global threshold asks a study for
+    a lucky seed, not for a better schedule. The schedule with the best mean is the best
+    schedule known of the paired measure (:func:`paired_of`)."""
     from tuner.schedule import Schedule
 
     started = time.perf_counter()
     seeds = sorted({int(s["seed"]) for s in studies})
-    picks = seed_bests(studies, args.epochs, metric, args.random_trials * args.epochs)
+    per_seed = args.cross_seed_picks
+    picks = seed_bests(
+        studies, args.epochs, metric, args.random_trials * args.epochs, per_seed=per_seed
+    )
+    # one job list per distinct schedule, under the first (lowest seed, best) run that found it
+    found_by: dict[str, list[tuple[int, Mapping[str, Any]]]] = {}
+    for found, trial in picks:
+        found_by.setdefault(schedule_key(trial), []).append((found, trial))
+    candidates = list(found_by.values())
     jobs = [
         Job(
-            f"seed{found}#{trial['number']}",
-            Schedule.from_dict(trial["schedule"]),
+            f"schedule{i}",
+            Schedule.from_dict(finds[0][1]["schedule"]),
             args.task,
             seed,
             args.task_options,
         )
-        for found, trial in picks
+        for i, finds in enumerate(candidates)
         for seed in seeds
     ]
     print(
-        f"cross-seed check: {len(picks)} schedules x {len(seeds)} seeds = {len(jobs)} runs",
+        f"cross-seed check: {len(found_by)} schedules (each seed's {per_seed} best) x "
+        f"{len(seeds)} seeds = {len(jobs)} runs",
         flush=True,
     )
     runs = retrain_many(jobs, parallel=args.concurrent)
     rows = []
-    for found, trial in picks:
-        label = f"seed{found}#{trial['number']}"
+    for i, ((found, trial), *others) in enumerate(candidates):
+        label = f"schedule{i}"
         values = {r.seed: r.val_metrics.get(metric.name) for r in runs if r.label == label}
         finite = [v for v in values.values() if v is not None]
         mean, std = mean_std(finite)
@@ -430,6 +458,16 @@ def cross_seed_check(
                 "trial": trial["number"],
                 "summary": trial.get("summary"),
                 "study_value": trial["_value"],
+                # the same schedule among other seeds' picks (their own study values)
+                "also_found": [
+                    {
+                        "seed": s,
+                        "by": t["_method"],
+                        "trial": t["number"],
+                        "study_value": t["_value"],
+                    }
+                    for s, t in others
+                ],
                 "values": {str(k): v for k, v in values.items()},
                 "mean": mean,
                 "std": std,
@@ -443,6 +481,7 @@ def cross_seed_check(
             best = r
     return {
         "method": "any",  # whose best runs (results before 2026-12-01: "default")
+        "per_seed": per_seed,  # distinct schedules taken from each seed (before: 1, no key)
         "seeds": seeds,
         "schedules": rows,
         "spread": mean_std(stds)[0] if stds else math.nan,
@@ -460,18 +499,21 @@ def _cross_seed_markdown(data: Mapping[str, Any], metric: Metric) -> str:
     seeds = cross["seeds"]
     rows = []
     for r in cross["schedules"]:
+        finds = [
+            (r["found_on_seed"], r.get("found_by", cross["method"]), r["trial"], r["study_value"]),
+            *((f["seed"], f["by"], f["trial"], f["study_value"]) for f in r.get("also_found", [])),
+        ]
         rows.append(
             [
-                f"seed {r['found_on_seed']}, trial {r['trial']} "
-                f"({r.get('found_by', cross['method'])})",
+                "; ".join(f"seed {seed}, trial {number} ({by})" for seed, by, number, _ in finds),
                 f"`{r['summary']}`",
-                metric.show(r["study_value"]),
+                "; ".join(metric.show(value) for *_, value in finds),
                 *(metric.show(r["values"].get(str(k))) for k in seeds),
                 f"{metric.show(r['mean'])} +/- {metric.fmt(r['std'])}",
             ]
         )
     table = markdown_table(
-        ["best run on", "stages", "in its study", *(f"seed {k}" for k in seeds), "mean"],
+        ["found on", "stages", "in its study", *(f"seed {k}" for k in seeds), "mean"],
         rows,
     )
     best = cross["best_mean"]
@@ -500,8 +542,14 @@ def _cross_seed_markdown(data: Mapping[str, Any], metric: Metric) -> str:
         if where and studied and where != studied
         else ""
     )
+    per_seed = cross.get("per_seed", 1)
+    runs = (
+        f"{per_seed} best full runs of distinct schedules ({searches}), each schedule"
+        if per_seed > 1
+        else f"best full run of {searches}"
+    )
     return (
-        f"\nCross-seed check: each seed's best full run of {searches}, "
+        f"\nCross-seed check: each seed's {runs} "
         "retrained on every seed (1 worker, outside Tune"
         + (f", on {where}" if where else "")
         + f"; the validation metric after the last epoch; {cross['wall_time_s']:.0f} s):\n\n"
@@ -1093,6 +1141,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "and --rescore",
     )
     parser.add_argument(
+        "--cross-seed-picks",
+        type=int,
+        default=2,
+        help="the cross-seed check's candidates: each seed's this many best full runs of "
+        "distinct schedules (of any search); a schedule several seeds found trains once",
+    )
+    parser.add_argument(
         "--first-seed",
         type=int,
         default=0,
@@ -1126,6 +1181,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser.error(f"--first-seed must be in 0..{args.seeds - 1} (--seeds {args.seeds})")
     if args.first_seed and args.reuse is None:
         parser.error("--first-seed needs --reuse: the file with the lower seeds' studies")
+    if args.cross_seed_picks < 1:
+        parser.error(f"--cross-seed-picks must be at least 1, not {args.cross_seed_picks}")
     if args.pbt_population is None:
         args.pbt_population = max(2, 2 * args.random_trials // 3)
     if args.cross_seed is None:  # the paired measure needs a schedule retrained on 2+ seeds

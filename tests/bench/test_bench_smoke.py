@@ -232,7 +232,8 @@ def test_tuning_efficiency_smoke(
     )
     cross = rescored["cross_seed"]
     assert cross["seeds"] == [0]
-    (row,) = cross["schedules"]
+    rows = cross["schedules"]
+    row = rows[0]
     # The seed's best full run of any search among those that finished within the budget (a
     # trial still running when the budget was spent finishes, outside it).
     budget = rerun["config"]["budget_trial_epochs"]
@@ -249,6 +250,13 @@ def test_tuning_efficiency_smoke(
         ]
     found_by, best = max(full, key=lambda pair: pair[1]["metric_value"])
     assert (row["found_on_seed"], row["found_by"], row["trial"]) == (0, found_by, best["number"])
+    # the second candidate: the best run of another schedule (each seed's two by default)
+    others = [(m, t) for m, t in full if t["schedule"] != best["schedule"]]
+    if others:
+        second_by, second = max(others, key=lambda pair: pair[1]["metric_value"])
+        assert [(r["found_by"], r["trial"]) for r in rows[1:]] == [(second_by, second["number"])]
+    else:
+        assert len(rows) == 1
     if found_by != "pbt":  # a PBT run's weights came from its donors, not one straight run
         # the same schedule on the same seed, trained straight through: the study's value
         assert row["values"]["0"] == pytest.approx(best["metric_value"], abs=1e-6)

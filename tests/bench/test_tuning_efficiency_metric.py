@@ -40,6 +40,7 @@ def _trial(number: int, epochs: int, value: float | None, compute: float, **kw: 
         "compute_epochs": compute,
         "metric_value": value,
         "val_accuracy": kw.get("val_accuracy"),
+        "schedule": {"stages": kw.get("schedule", f"schedule of trial {number}")},
     }
 
 
@@ -353,9 +354,18 @@ def test_each_seeds_best_schedule_is_taken_from_whichever_search_found_it(
         }
 
     studies = [
-        study("default", 0, [_trial(0, 10, 2.10, 10.0)]),
-        study("random", 0, [_trial(0, 10, 2.00, 10.0)]),
-        study("default", 1, [_trial(4, 10, 2.20, 10.0)]),
+        study("default", 0, [_trial(0, 10, 2.10, 10.0, schedule="a")]),
+        study("random", 0, [_trial(0, 10, 2.00, 10.0, schedule="b")]),
+        study(
+            "default",
+            1,
+            [
+                _trial(4, 10, 2.20, 10.0, schedule="a"),
+                _trial(5, 10, 2.25, 10.0, schedule="a"),  # the same schedule again: one pick
+                _trial(6, 10, 2.30, 10.0, schedule="c"),
+                _trial(7, 10, 2.40, 10.0, schedule="d"),
+            ],
+        ),
         study("random", 1, [_trial(0, 3, 1.50, 3.0)]),  # stopped early: not a schedule found
     ]
     picks = te.seed_bests(studies, 10, loss, 100.0)
@@ -365,3 +375,13 @@ def test_each_seeds_best_schedule_is_taken_from_whichever_search_found_it(
     ]
     only_default = te.seed_bests(studies, 10, loss, 100.0, method="default")
     assert [(seed, t["_value"]) for seed, t in only_default] == [(0, 2.10), (1, 2.20)]
+    # each seed's two best distinct schedules, best first (the cross-seed check's candidates)
+    two = te.seed_bests(studies, 10, loss, 100.0, per_seed=2)
+    assert [(seed, t["_method"], t["number"]) for seed, t in two] == [
+        (0, "random", 0),
+        (0, "default", 0),
+        (1, "default", 4),
+        (1, "default", 6),
+    ]
+    # schedule "a" is among both seeds' picks: the check trains it once
+    assert te.schedule_key(two[1][1]) == te.schedule_key(two[2][1])
