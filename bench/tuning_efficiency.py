@@ -351,19 +351,29 @@ def best_value(studies: Sequence[Mapping[str, Any]], metric: Metric) -> float | 
     return out
 
 
+def full_runs(
+    study: Mapping[str, Any], epochs: int, metric: Metric, budget: float
+) -> list[dict[str, Any]]:
+    """The study's full runs (completed, feasible, every epoch) among the trials that finished
+    within ``budget`` trial-epochs, in trial order, each with its value as ``_value``."""
+    spent = {p["number"]: p["trial_epochs"] for p in study["curve"]}
+    runs = []
+    for t in study["trials"]:
+        value = full_run_value(t, epochs, metric)
+        if value is not None and spent.get(t["number"], math.inf) <= budget:
+            runs.append({**t, "_value": value})
+    return runs
+
+
 def best_full_trial(
     study: Mapping[str, Any], epochs: int, metric: Metric, budget: float
 ) -> Mapping[str, Any] | None:
-    """The study's best full run (completed, feasible, every epoch) among the trials that
-    finished within ``budget`` trial-epochs: the run behind its ``best_within_budget``."""
-    spent = {p["number"]: p["trial_epochs"] for p in study["curve"]}
+    """The study's best full run within ``budget`` (:func:`full_runs`; the first of equals):
+    the run behind its ``best_within_budget``."""
     best: Mapping[str, Any] | None = None
-    for t in study["trials"]:
-        value = full_run_value(t, epochs, metric)
-        if value is None or spent.get(t["number"], math.inf) > budget:
-            continue
-        if best is None or metric.better(value, float(best["_value"])):
-            best = {**t, "_value": value}
+    for t in full_runs(study, epochs, metric, budget):
+        if best is None or metric.better(float(t["_value"]), float(best["_value"])):
+            best = t
     return best
 
 
@@ -380,19 +390,14 @@ def seed_bests(
     ``_method`` set to the search that found each."""
     runs: dict[int, list[Mapping[str, Any]]] = {}
     for study in studies:
-        if method is not None and study["method"] != method:
-            continue
-        spent = {p["number"]: p["trial_epochs"] for p in study["curve"]}
-        for t in study["trials"]:
-            value = full_run_value(t, epochs, metric)
-            if value is not None and spent.get(t["number"], math.inf) <= budget:
-                runs.setdefault(int(study["seed"]), []).append(
-                    {**t, "_value": value, "_method": study["method"]}
-                )
+        if method is None or study["method"] == method:
+            runs.setdefault(int(study["seed"]), []).extend(
+                {**t, "_method": study["method"]} for t in full_runs(study, epochs, metric, budget)
+            )
+    sign = 1.0 if metric.direction == "min" else -1.0
     picks: list[tuple[int, Mapping[str, Any]]] = []
     for seed, found in sorted(runs.items()):
         seen: set[str] = set()
-        sign = 1.0 if metric.direction == "min" else -1.0
         for trial in sorted(found, key=lambda t: sign * float(t["_value"])):  # best first
             key = schedule_key(trial)
             if key not in seen and len(seen) < per_seed:
