@@ -365,18 +365,6 @@ def full_runs(
     return runs
 
 
-def best_full_trial(
-    study: Mapping[str, Any], epochs: int, metric: Metric, budget: float
-) -> Mapping[str, Any] | None:
-    """The study's best full run within ``budget`` (:func:`full_runs`; the first of equals):
-    the run behind its ``best_within_budget``."""
-    best: Mapping[str, Any] | None = None
-    for t in full_runs(study, epochs, metric, budget):
-        if best is None or metric.better(float(t["_value"]), float(best["_value"])):
-            best = t
-    return best
-
-
 def seed_bests(
     studies: Sequence[Mapping[str, Any]],
     epochs: int,
@@ -1139,7 +1127,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--cross-seed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="at the end, retrain each seed's best schedule (of any search) on every seed, "
+        help="at the end, retrain each seed's best schedules (of any search; "
+        "--cross-seed-picks) on every seed, "
         "report how far one schedule moves from seed to seed against the tolerance, and measure "
         "every study against the best-mean schedule on its own seed (with --rescore: the only "
         "runs it trains); default: on for a full run of two seeds or more, off for --smoke "

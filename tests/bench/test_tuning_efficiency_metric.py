@@ -80,10 +80,14 @@ def test_the_cross_seed_check_retrains_the_run_behind_the_best_within_budget(
         _trial(2, 10, 2.10, 10.0),
         _trial(3, 10, 1.90, 10.0),  # best of all, but it finished past 30 trial-epochs
     ]
-    study = {"trials": trials, "curve": te.curve(trials, 10, loss)}
-    assert te.best_full_trial(study, 10, loss, 30.0)["number"] == 2
-    assert te.best_full_trial(study, 10, loss, 40.0)["number"] == 3
-    assert te.best_full_trial(study, 10, loss, 5.0) is None
+    study = {"method": "default", "seed": 0, "trials": trials, "curve": te.curve(trials, 10, loss)}
+
+    def retrained(budget: float) -> list[int]:
+        return [t["number"] for _, t in te.seed_bests([study], 10, loss, budget)]
+
+    assert retrained(30.0) == [2]
+    assert retrained(40.0) == [3]
+    assert retrained(5.0) == []
 
 
 def test_an_accuracy_study_reads_as_it_always_did(te: ModuleType) -> None:
