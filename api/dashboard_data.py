@@ -27,6 +27,7 @@ from tuner.formatting import format_duration, format_objective, metric_kind
 from tuner.noise_candidate import StepFloor, step_floor_text
 from tuner.objectives import (
     compare,
+    ended_text,
     metric_words,
     objective_label,
     objective_target,
@@ -374,6 +375,9 @@ def _comparison_row(
     # A baseline that breaks the objective's constraints (over the step cap, say): trained
     # for the comparison, never the result.
     row["outside"] = outside_text(source, objective or {})
+    # A row that did not train its whole schedule (a recipe candidate ASHA stopped): its
+    # figures are those of the epochs it trained, and the row says so.
+    row["ended"] = ended_text(source)
     return row
 
 

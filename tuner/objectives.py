@@ -53,6 +53,7 @@ __all__ = [
     "StudyObjective",
     "TrialOutcome",
     "compare",
+    "ended_text",
     "epochs_done",
     "failure_of",
     "loss_jump",
@@ -240,6 +241,27 @@ def outside_text(row: Mapping[str, Any], objective: Mapping[str, Any]) -> str | 
             have = "mean batch" if mean is None else f"mean batch {mean:,.0f}"
             texts.append(f"{have}, {side} the objective's {limit:g}")
     return "; ".join(texts) if texts else "outside the objective's constraints"
+
+
+#: The longest reason :func:`ended_text` quotes: a failed trial's reason ends with its error,
+#: which can run to a traceback's worth; the trial's own page has it whole.
+ENDED_TEXT_CHARS: Final = 120
+
+
+def ended_text(row: Mapping[str, Any]) -> str | None:
+    """How a trial's row (:meth:`TrialOutcome.to_dict`, as a study summary keeps it) ended
+    when it did not train its whole schedule, in words: its ``stop_reason``, e.g. ``stopped
+    early after 2 of 10 epochs`` for a recipe candidate ASHA stopped, whose accuracy and steps
+    are then those of the epochs it trained, not of its schedule. ``None`` for a completed row
+    (or one that does not say: ``status`` missing)."""
+    status = row.get("status")
+    if not isinstance(status, str) or status in ("completed", "running"):
+        return None
+    reason = row.get("stop_reason")
+    text = reason.strip() if isinstance(reason, str) and reason.strip() else status
+    if len(text) > ENDED_TEXT_CHARS:
+        text = text[: ENDED_TEXT_CHARS - 1].rstrip() + "…"
+    return text
 
 
 def better(value: float, other: float, direction: str) -> bool:

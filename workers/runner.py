@@ -48,6 +48,7 @@ from tuner.noise_candidate import step_floor_of_epochs, step_floor_text
 from tuner.objectives import (
     StudyObjective,
     TrialOutcome,
+    ended_text,
     epochs_done,
     objective_label,
     outside_text,
@@ -758,10 +759,13 @@ def print_result(result: StudyResult, console: Any) -> None:
     rows.extend(_finalist_rows(result, {row["number"] for row, _ in rows}))
     objective_doc = written if isinstance(written, Mapping) else {}
     for row, kind in rows:
-        outside = outside_text(row, objective_doc)  # a baseline over the step cap, say
+        # a baseline over the step cap, say; a recipe candidate ASHA stopped early
+        notes = "; ".join(t for t in (outside_text(row, objective_doc), ended_text(row)) if t)
+        if notes:  # "fitted_constant (tuned; stopped early ...)", "small_batch (1,560 steps, ...)"
+            kind = f"{kind[:-1]}; {notes})" if kind.endswith(")") else f"{kind} ({notes})"
         cells = [
             str(row["number"]),
-            kind + (f" ({outside})" if outside else ""),
+            kind,
             row.get("schedule_summary") or "",
             _metric_cell(row, metric),
             fmt(row.get("steps"), "d"),

@@ -841,6 +841,8 @@
         '<td><span class="swatch" style="background:' + color + '"></span>' + esc(label) +
         '<div class="muted small"><code>' + fmtSummary(r.summary) + "</code></div>" +
         (r.outside ? '<div class="muted small outside">' + esc(r.outside) + ": never the result</div>" : "") +
+        // a row that did not train its whole schedule: its figures are of what it trained
+        (r.ended ? '<div class="muted small ended">' + esc(r.ended) + "</div>" : "") +
         "</td>" +
         cell(fmtMetric(r.metric_value) + (r.seeds_text ? '<div class="muted small seeds">' +
           r.seed_count + " fresh seeds: " + esc(r.seeds_text) + "</div>" : ""),

@@ -1261,7 +1261,8 @@ def test_a_loss_minimising_study_reads_lower_as_better(server: Server, page: Any
 def test_a_baseline_over_the_step_cap_says_so_in_the_comparison(server: Server, page: Any) -> None:
     """A capped study trains the small batch for the comparison although it takes more steps
     than the cap: its row in the comparison table says so, and the header's objective names
-    the cap, so its higher accuracy does not read as a result the search missed."""
+    the cap, so its higher accuracy does not read as a result the search missed. A recipe
+    candidate ASHA stopped early says so too: its figures are of the epoch it trained."""
     from tuner.progress import outcome_of_record
     from workers.runner import resolve_spec
 
@@ -1271,7 +1272,8 @@ def test_a_baseline_over_the_step_cap_says_so_in_the_comparison(server: Server, 
     )
     objective = StudyObjective.of(spec, 3)
     train_size = resolve_spec(spec)[1]
-    plans = [("small_batch", 0.986, 32), (None, 0.9825, 128)]  # (baseline, accuracy, batch)
+    # (baseline, accuracy, batch); the last a recipe candidate ASHA stopped after 1 epoch
+    plans = [("small_batch", 0.986, 32), (None, 0.9825, 128), (None, 0.8972, 256)]
     with StudyStore(server.db_url) as store:
         study = store.create_study(spec.task, spec.to_dict(), 2, name=spec.name)
         for _ in range(20):  # earlier tests may have left studies queued
@@ -1284,21 +1286,29 @@ def test_a_baseline_over_the_step_cap_says_so_in_the_comparison(server: Server, 
             schedule = Schedule(stages=(Stage(0, 3, batch),), base_lr=0.1, base_batch_size=32)
             steps = schedule.total_steps(train_size)
             trial = store.create_trial(study.id, number, schedule.to_dict(), {}, baseline=baseline)
-            for epoch in range(3):
+            epochs = 1 if number == 2 else 3
+            steps = steps * epochs // 3
+            status, reason = (
+                ("completed", "trained all 3 epochs")
+                if epochs == 3
+                else ("stopped", "stopped early after 1 of 3 epochs")
+            )
+            for epoch in range(epochs):
                 store.add_epoch_metrics(trial.id, epoch, {"val_accuracy": acc, "steps": steps})
             final = {"val_accuracy": acc, "steps": steps, "samples": steps * batch}
             records.append(
                 store.finish_trial(
                     trial.id,
-                    "completed",
-                    stop_reason="trained all 3 epochs",
+                    status,
+                    stop_reason=reason,
                     final={**final, "objective_values": {"val_accuracy": acc}},
                 )
             )
         # The small batch's 99 steps break the cap of 90: its outcome says so (the engine's
         # rule, from the schedule and the training-set size).
         outcomes = [outcome_of_record(r, objective, train_size) for r in records]
-        assert [o.violated for o in outcomes] == [("max_steps",), ()]
+        assert [o.violated for o in outcomes] == [("max_steps",), (), ()]
+        outcomes[2] = dataclasses.replace(outcomes[2], extra={"candidate": "fitted_constant"})
         summary = summarize(outcomes, objective)
         assert summary["best"]["number"] == 1
         store.set_best(study.id, records[1].id, 0.9825)
@@ -1309,4 +1319,8 @@ def test_a_baseline_over_the_step_cap_says_so_in_the_comparison(server: Server, 
     small = page.locator('#comparison-table tr[data-number="0"] .outside')
     assert small.inner_text() == "99 steps, over the objective's 90: never the result"
     assert page.locator('#comparison-table tr[data-role="best"] .outside').count() == 0
+    # The candidate ASHA stopped: its row says how it ended, the others say nothing of it.
+    stopped = page.locator('#comparison-table tr[data-number="2"] .ended')
+    assert stopped.inner_text() == "stopped early after 1 of 3 epochs"
+    assert page.locator("#comparison-table .ended").count() == 1
     assert "with steps ≤ 90" in page.locator("body").inner_text()

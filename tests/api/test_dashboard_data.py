@@ -294,6 +294,29 @@ def test_a_baseline_outside_the_objective_says_so_in_the_comparison() -> None:
     assert rows[1]["outside"] == "1,560 steps, over the objective's 500"
 
 
+def test_a_candidate_stopped_early_says_how_it_ended_in_the_comparison() -> None:
+    """A recipe candidate ASHA stopped after its first rung has the accuracy and steps of the
+    epochs it trained; its row carries how it ended (``ended``), a completed row nothing."""
+    best = {"number": 5, "baseline": None, "val_accuracy": 0.986, "status": "completed"}
+    small = {**best, "number": 0, "baseline": "small_batch", "val_accuracy": 0.988}
+    stopped = {
+        "number": 6,
+        "baseline": None,
+        "candidate": "fitted_constant",
+        "val_accuracy": 0.8972,
+        "steps": 78,
+        "status": "stopped",
+        "stop_reason": "stopped early after 2 of 10 epochs",
+    }
+    summary = {"best": best, "baselines": [small], "candidates": [stopped]}
+    rows = dd.comparison_rows(study(summary=summary, best_trial_number=5), [])
+    assert [(r["number"], r["ended"]) for r in rows] == [
+        (5, None),
+        (0, None),
+        (6, "stopped early after 2 of 10 epochs"),
+    ]
+
+
 def test_study_page_data_has_every_trial_and_curve() -> None:
     trials = [trial(0, baseline="small_batch"), trial(1), trial(2, status=TrialStatus.RUNNING)]
     curves: dict[int, dd.Curve] = {0: [(0, 0.5)], 1: [(0, 0.6), (1, 0.7)], 2: []}

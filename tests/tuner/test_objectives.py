@@ -13,8 +13,10 @@ from pydantic import BaseModel, ConfigDict
 from tuner.errors import StagetuneError, ValidationError
 from tuner.formatting import format_bytes
 from tuner.objectives import (
+    ENDED_TEXT_CHARS,
     StudyObjective,
     TrialOutcome,
+    ended_text,
     epochs_done,
     failure_of,
     loss_jump,
@@ -498,6 +500,22 @@ def test_a_row_outside_the_objective_says_which_constraint_and_by_how_much() -> 
     assert outside_text({"feasible": False}, cap) == "outside the objective's constraints"
     assert outside_text({"feasible": True, "steps": 90}, cap) is None
     assert outside_text({"steps": 90}, cap) is None  # a row that does not say
+
+
+def test_a_row_that_did_not_train_its_whole_schedule_says_how_it_ended() -> None:
+    stopped = {"status": "stopped", "stop_reason": "stopped early after 2 of 10 epochs"}
+    assert ended_text(stopped) == "stopped early after 2 of 10 epochs"
+    assert ended_text({"status": "diverged", "stop_reason": None}) == "diverged"
+    # A failed trial's reason ends with its error: cut to one line's worth.
+    failed = {"status": "failed", "stop_reason": "the trial failed in epoch 3: " + "x" * 500}
+    text = ended_text(failed)
+    assert text is not None
+    assert text.startswith("the trial failed in epoch 3: xx")
+    assert len(text) == ENDED_TEXT_CHARS
+    assert text.endswith("…")
+    done = {"status": "completed", "stop_reason": "trained all 10 epochs"}
+    assert ended_text(done) is None
+    assert ended_text({"stop_reason": "stopped early"}) is None  # a row that does not say
 
 
 def test_a_baseline_over_the_step_cap_is_an_outcome_that_names_it() -> None:

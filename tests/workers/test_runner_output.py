@@ -20,7 +20,7 @@ from rich.console import Console
 from tests.regression_task import TASK_NAME, LinearRegression, regression_task
 from tuner.engine_search import META_KEY, TrialMeta
 from tuner.noise_candidate import noise_scale_step_floor
-from tuner.objectives import StudyObjective, TrialOutcome, summarize
+from tuner.objectives import StudyObjective, TrialOutcome, summarize, trial_status
 from tuner.schedule import Schedule, Stage
 from tuner.seeds import seed_stats
 from tuner.spec import StudySpec, TieBreak
@@ -117,6 +117,30 @@ def test_a_baseline_over_the_step_cap_says_so_in_the_table() -> None:
     )
     assert "best" in row
     assert "over the objective" not in row
+
+
+def test_a_recipe_candidate_stopped_early_says_so_in_the_table() -> None:
+    """A recipe candidate ASHA stopped after its first rung has the accuracy and steps of the
+    epochs it trained: its row says how it ended, so 78 steps and a low accuracy do not read
+    as what its whole schedule gives. A completed row says nothing of the kind."""
+    obj = objective({"task": "digits"})
+    _, reason = trial_status(obj, {"epoch": 0, "training_iteration": 1}, error=False)
+    assert reason == "stopped early after 1 of 3 epochs"
+    stopped = replace(
+        outcome(6, 0.8972, obj),
+        status="stopped",
+        stop_reason=reason,
+        epochs_done=1,
+        steps=78,
+        extra={"candidate": "fitted_constant"},
+    )
+    done = replace(outcome(5, 0.9859, obj), extra={"candidate": "fitted_increase"})
+    text = printed(summarize([outcome(0, 0.9, obj, baseline="small_batch"), done, stopped], obj))
+    rows = {int(line.split("│")[1]): line for line in text.splitlines() if line.startswith("│ ")}
+    assert "fitted_constant (tuned; stopped early after 1 of 3 epochs)" in rows[6]
+    assert "│ 78 " in rows[6]
+    assert "stopped" not in rows[5]
+    assert "stopped" not in rows[0]
 
 
 def test_a_loss_study_prints_its_metric_in_the_table(regression_task: LinearRegression) -> None:
