@@ -347,6 +347,29 @@ def rung_epochs(grace_period: int, reduction_factor: float, max_t: int) -> tuple
 #: How long :func:`probe_ray_address` waits for the head's GCS port to accept a connection.
 RAY_PROBE_TIMEOUT_S: Final = 5.0
 
+#: Ray's logger for its token-authentication set-up, and the notice it logs as a WARNING at
+#: every start of a local instance while ``RAY_AUTH_MODE`` is unset: Ray then turns token
+#: authentication on by default and says so, which on a local instance is nothing for the
+#: user to act on (its own port, its own token under ``~/.ray``).
+RAY_AUTH_LOGGER: Final = "ray._private.authentication.authentication_token_setup"
+RAY_AUTH_DEFAULT_NOTICE: Final = "Token authentication is enabled for this Ray cluster"
+
+
+class _WithoutAuthDefaultNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(RAY_AUTH_DEFAULT_NOTICE)
+
+
+def quiet_local_ray_notices() -> None:
+    """Leave out Ray's notice that token authentication is on by default when stagetune
+    starts a local Ray instance (``stagetune tune``, ``demo``, ``serve``, ``replay``): the
+    second line a first run printed was that WARNING. Authentication stays as Ray sets it;
+    any other message of that logger (token authentication *disabled*, say) still shows.
+    Idempotent."""
+    logger = logging.getLogger(RAY_AUTH_LOGGER)
+    if not any(isinstance(f, _WithoutAuthDefaultNotice) for f in logger.filters):
+        logger.addFilter(_WithoutAuthDefaultNotice())
+
 
 def probe_ray_address(address: str, timeout_s: float = RAY_PROBE_TIMEOUT_S) -> None:
     """Raise :class:`ClusterUnavailableError` at once when nothing accepts a TCP connection at
@@ -386,6 +409,8 @@ def connect_ray() -> None:
     address = os.environ.get("RAY_ADDRESS", "").strip()
     if address:
         probe_ray_address(address)
+    else:
+        quiet_local_ray_notices()
     signals = (signal.SIGTERM, signal.SIGINT)
     in_main = threading.current_thread() is threading.main_thread()
     saved = {sig: signal.getsignal(sig) for sig in signals} if in_main else {}

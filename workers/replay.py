@@ -313,6 +313,10 @@ def replay(
     )
     started_ray = False
     if not ray.is_initialized():
+        from tuner.engine import quiet_local_ray_notices
+
+        if not os.environ.get("RAY_ADDRESS", "").strip():
+            quiet_local_ray_notices()
         need = math.ceil(config["workers"] * cpus_per_worker)
         ray.init(
             num_cpus=max(need, os.cpu_count() or 1),

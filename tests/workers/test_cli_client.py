@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from tests.environ import environ_without
+from tuner.engine import RAY_AUTH_DEFAULT_NOTICE
 from tuner.noise_candidate import noise_scale_step_floor
 from tuner.schedule import Schedule, Stage
 from tuner.store import StudyStatus, StudyStore, TrialStatus, experiment_name
@@ -591,6 +592,11 @@ def test_submit_wait_against_serve_prints_progress_and_the_best_schedule(tmp_pat
         assert " ± " in progress[-1]
         schedule = Schedule.from_yaml(done.stdout)
         assert schedule.total_epochs == 6
+        # serve started a local Ray instance (RAY_AUTH_MODE unset): Ray's notice that token
+        # authentication is on by default is left out of its log, the rest of Ray's is not.
+        log_text = log_path.read_text()
+        assert "Started a local Ray instance" in log_text, log_text[-3000:]
+        assert RAY_AUTH_DEFAULT_NOTICE not in log_text
     finally:
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)  # serve stops its dispatcher, which stops Ray
