@@ -362,8 +362,8 @@ class _WithoutAuthDefaultNotice(logging.Filter):
 
 def quiet_local_ray_notices() -> None:
     """Leave out Ray's notice that token authentication is on by default when stagetune
-    starts a local Ray instance (``stagetune tune``, ``demo``, ``serve``, ``replay``): the
-    second line a first run printed was that WARNING. Authentication stays as Ray sets it;
+    starts a local Ray instance (``stagetune tune``, ``demo``, ``serve``, ``replay``), where
+    it would be the second line of a first run's output. Authentication stays as Ray sets it;
     any other message of that logger (token authentication *disabled*, say) still shows.
     Idempotent."""
     logger = logging.getLogger(RAY_AUTH_LOGGER)
