@@ -1275,7 +1275,7 @@ def test_a_baseline_over_the_step_cap_says_so_in_the_comparison(server: Server, 
     # (baseline, accuracy, batch); the last a recipe candidate ASHA stopped after 1 epoch
     plans = [("small_batch", 0.986, 32), (None, 0.9825, 128), (None, 0.8972, 256)]
     with StudyStore(server.db_url) as store:
-        study = store.create_study(spec.task, spec.to_dict(), 2, name=spec.name)
+        study = store.create_study(spec.task, spec.to_dict(), 3, name=spec.name)
         for _ in range(20):  # earlier tests may have left studies queued
             claimed = store.claim_study("worker-cap", 3600)
             assert claimed is not None
