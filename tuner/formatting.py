@@ -27,6 +27,7 @@ __all__ = [
     "format_objective",
     "in_own_units",
     "metric_kind",
+    "one_line",
 ]
 
 MetricKind = Literal["percent", "db", "duration", "count", "number"]
@@ -45,6 +46,14 @@ def metric_kind(name: str) -> MetricKind:
     if "steps" in name:
         return "count"
     return "number"
+
+
+def one_line(text: str, limit: int = 500) -> str:
+    """``text`` on one line (every run of whitespace, newlines included, one space), cut to
+    ``limit`` characters with an ellipsis: an error or a reason quoted where a line is
+    expected (a CLI message, a table cell)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def in_own_units(metric: str) -> bool:

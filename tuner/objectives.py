@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from tuner.errors import StagetuneError
-from tuner.formatting import format_bytes, format_objective
+from tuner.formatting import format_bytes, format_objective, one_line
 from tuner.spec import (
     AccuracyObjective,
     ParetoObjective,
@@ -243,8 +243,8 @@ def outside_text(row: Mapping[str, Any], objective: Mapping[str, Any]) -> str | 
     return "; ".join(texts) if texts else "outside the objective's constraints"
 
 
-#: The longest reason :func:`ended_text` quotes: a failed trial's reason ends with its error,
-#: which can run to a traceback's worth; the trial's own page has it whole.
+#: The longest reason :func:`ended_text` quotes (on one line): a failed trial's reason ends
+#: with its error, which can run to a traceback's worth; the trial's own page has it whole.
 ENDED_TEXT_CHARS: Final = 120
 
 
@@ -258,10 +258,9 @@ def ended_text(row: Mapping[str, Any]) -> str | None:
     if not isinstance(status, str) or status in ("completed", "running"):
         return None
     reason = row.get("stop_reason")
-    text = reason.strip() if isinstance(reason, str) and reason.strip() else status
-    if len(text) > ENDED_TEXT_CHARS:
-        text = text[: ENDED_TEXT_CHARS - 1].rstrip() + "…"
-    return text
+    return one_line(
+        reason if isinstance(reason, str) and reason.strip() else status, ENDED_TEXT_CHARS
+    )
 
 
 def better(value: float, other: float, direction: str) -> bool:

@@ -513,6 +513,9 @@ def test_a_row_that_did_not_train_its_whole_schedule_says_how_it_ended() -> None
     assert text.startswith("the trial failed in epoch 3: xx")
     assert len(text) == ENDED_TEXT_CHARS
     assert text.endswith("…")
+    # ... and on one line: a table cell or a dashboard row holds no traceback's newlines.
+    traced = {"status": "failed", "stop_reason": "failed in epoch 3: Traceback\n  File x\nOops"}
+    assert ended_text(traced) == "failed in epoch 3: Traceback File x Oops"
     done = {"status": "completed", "stop_reason": "trained all 10 epochs"}
     assert ended_text(done) is None
     assert ended_text({"stop_reason": "stopped early"}) is None  # a row that does not say

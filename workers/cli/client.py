@@ -37,6 +37,7 @@ from tuner.errors import (
     StagetuneError,
     ValidationError,
 )
+from tuner.formatting import one_line
 from workers.cli.app import app
 from workers.console import stdout_console
 
@@ -61,11 +62,6 @@ class UnreachableError(ServiceError):
 
 
 # --- HTTP ---------------------------------------------------------------------------------
-
-
-def _one_line(text: str, limit: int = 500) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def base_url(url: str) -> str:
@@ -95,8 +91,8 @@ def _error_for(response: httpx.Response) -> StagetuneError:
         if isinstance(details, list) and details and not _names_fields(message, details):
             message += " (" + "; ".join(_detail_text(d) for d in details) + ")"
     if not message:
-        message = f"HTTP {status} {response.reason_phrase}: {_one_line(response.text, 200)}"
-    message = _one_line(message)
+        message = f"HTTP {status} {response.reason_phrase}: {one_line(response.text, 200)}"
+    message = one_line(message)
     if status in (401, 403):
         return ServiceError(
             f"{message} (HTTP {status}); pass --token or set {TOKEN_ENV} to a token the "
@@ -155,7 +151,7 @@ class ApiClient:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.ConnectError as exc:
-            reason = "connection refused" if "refused" in str(exc).lower() else _one_line(str(exc))
+            reason = "connection refused" if "refused" in str(exc).lower() else one_line(str(exc))
             raise UnreachableError(
                 f"cannot reach the stagetune service at {self.url} ({reason}); is "
                 f"`stagetune serve` running there? Set --url or {URL_ENV}"
@@ -166,7 +162,7 @@ class ApiClient:
             ) from None
         except httpx.HTTPError as exc:
             raise UnreachableError(
-                f"request to {self.url} failed: {_one_line(str(exc)) or type(exc).__name__}"
+                f"request to {self.url} failed: {one_line(str(exc)) or type(exc).__name__}"
             ) from None
         if response.status_code >= 400:
             raise _error_for(response)
@@ -179,7 +175,7 @@ class ApiClient:
         except ValueError:
             raise ServiceError(
                 f"unexpected answer from {self.url}{API_PREFIX}{path}: not JSON "
-                f"({_one_line(response.text, 120)!r}); is --url a stagetune service?"
+                f"({one_line(response.text, 120)!r}); is --url a stagetune service?"
             ) from None
         if not isinstance(body, dict):
             raise ServiceError(f"unexpected answer from {self.url}{API_PREFIX}{path}: {body!r}")
@@ -288,7 +284,7 @@ def _print_study(study: Mapping[str, Any]) -> None:
     if study.get("error"):
         # a queued study's error says why a worker gave it back without starting it
         label = "given back" if study.get("status") == "queued" else "error"
-        grid.add_row(label, _one_line(str(study["error"])))
+        grid.add_row(label, one_line(str(study["error"])))
     stdout_console().print(grid)
 
 
@@ -457,7 +453,7 @@ def _finish(client: ApiClient, study: Mapping[str, Any], out: Path | None) -> No
     study_id = int(study["id"])
     status = study.get("status")
     if status == "failed":
-        error = _one_line(str(study.get("error") or "no error recorded"))
+        error = one_line(str(study.get("error") or "no error recorded"))
         raise ServiceError(f"study {study_id} failed: {error}")
     if status == "cancelled":
         raise ServiceError(f"study {study_id} was cancelled")
