@@ -960,7 +960,7 @@ def test_topology_runs_a_study_on_the_ray_worker_node(topology: Topology) -> Non
     # drain for them).
     assert pool_actors(topo), "the study's gangs were never pooled"
     topo.stop_role("worker")
-    assert pool_actors(topo) == []
+    assert pool_actors(topo) == [], topo.logs()
 
     # every process stops, none survives (the fixture checks again on the way out)
     survivors = topo.stop()

@@ -1,10 +1,14 @@
 """``stagetune worker`` stopped by SIGTERM (what ``docker stop`` and Kubernetes send) while a
 real study trains on Ray: it gives the study back to the queue and exits 0, keeping every
-trial that finished. Ray's ``ray.init`` installs its own SIGTERM handler in the driver, so
-this checks that the worker's graceful shutdown survives Ray starting mid-study."""
+trial that finished, and ends its gang pool. Ray's ``ray.init`` installs its own SIGTERM
+handler in the driver, so this checks that the worker's graceful shutdown survives Ray
+starting mid-study; and a second signal while it shuts down (a supervisor repeating SIGTERM,
+Ctrl+C on ``serve``, which then stops its dispatcher with SIGTERM too) must not kill it before
+its pool is closed."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -16,6 +20,7 @@ from tests.workers.test_dispatcher_processes import REPO, env, quick_spec, submi
 from tuner.spec import StudySpec
 from tuner.store import StudyStatus, StudyStore, TrialStatus
 from tuner.store.migrate import upgrade
+from workers.gang_pool import live_pools
 
 
 @pytest.mark.ray
@@ -36,6 +41,7 @@ def test_sigterm_mid_study_gives_the_study_back(
     }
     with StudyStore(sqlite_url) as store:
         study_id = submit(store, StudySpec.from_dict(spec))
+        pools_before = set(live_pools())
         proc = subprocess.Popen(
             [*STAGETUNE, "worker", "--worker-id", "w-sigterm"],
             cwd=REPO,
@@ -62,13 +68,25 @@ def test_sigterm_mid_study_gives_the_study_back(
                 t.number: (t.val_accuracy, t.steps, t.epochs_done)
                 for t in store.list_trials(study_id, status="completed").items
             }
+            pools = set(live_pools()) - pools_before
+            assert pools, "the worker's trials pooled no gang"
             proc.terminate()
-            output = proc.communicate(timeout=90)[0]
+            # Once the dispatcher has stopped, while the command ends its pool: again.
+            assert proc.stdout is not None
+            lines = []
+            while line := proc.stdout.readline():
+                lines.append(line)
+                if "stopped after" in line:
+                    proc.send_signal(signal.SIGTERM)
+                    break
+            output = "".join(lines) + proc.communicate(timeout=90)[0]
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
         assert proc.returncode == 0, output[-3000:]
+        assert "stopped after" in output, output[-3000:]
+        assert not pools & set(live_pools()), output[-3000:]
         study = store.get_study(study_id)
         assert study.status is StudyStatus.QUEUED, (study.status, study.error, output[-3000:])
         assert (study.worker_id, study.heartbeat_at) == (None, None)

@@ -88,8 +88,12 @@ def worker(
         try:
             stats = dispatcher.run()
         finally:
+            # Its warm gangs end with the command, under the graceful handlers still: a second
+            # SIGTERM or SIGINT (a supervisor repeating the signal, Ctrl+C on `serve`, which
+            # then stops its dispatcher with SIGTERM too) must not kill the command with its
+            # pool left on the nodes.
+            close_driver_pool(wait_s=10, strict=False)
             restore()
-            close_driver_pool(wait_s=10, strict=False)  # its warm gangs end with the command
     typer.echo(
         f"stagetune worker {dispatcher.worker_id}: ran {len(stats.studies)} studies"
         + (f", {len(stats.failed)} failed" if stats.failed else "")
