@@ -90,6 +90,14 @@ class Settings(BaseSettings):
     poll_s: float = Field(
         default=2.0, gt=0, description="How often an idle dispatcher looks for work."
     )
+    ray_lost_s: float = Field(
+        default=30.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="A dispatcher whose Ray cluster has not answered for this long while a "
+        "study runs gives the study back to the queue and exits (0: never; Ray itself ends a "
+        "driver that has lost its cluster after 60 s, with the study still claimed).",
+    )
 
     # Trials (read where the trial actors run: on a cluster, the Ray nodes' environment)
     gang_idle_s: float = Field(

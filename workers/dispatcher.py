@@ -19,6 +19,11 @@ studies: :mod:`tuner.leftovers`).
 * ``once``: exit when the queue is empty; ``max_studies``: exit after that many studies.
 * While the database is unreachable the dispatcher retries its claims with a growing delay
   (up to 30 s) instead of exiting.
+* When the Ray cluster stops answering while a study runs (its head is lost: :class:`RayWatch`
+  probes its GCS every ``heartbeat_s``) for ``ray_lost_s``, the study is given back to the
+  queue with the reason, and ``on_ray_lost`` is called: Ray cannot connect a driver again
+  once its cluster has gone, and ends the process itself after 60 s without it, by then with
+  the study still claimed until its heartbeat went stale. The ``worker`` command exits then.
 * When Ray cannot be reached as a study starts (``ClusterUnavailableError``: the cluster is
   down, or this machine's node of it is still starting), nothing of the study has run: it is
   given back to the queue, not failed, and the dispatcher claims again after the same growing
@@ -36,6 +41,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -69,6 +75,7 @@ __all__ = [
     "DispatchStats",
     "Dispatcher",
     "Heartbeat",
+    "RayWatch",
     "StudyRunner",
     "default_worker_id",
     "install_signal_handlers",
@@ -156,6 +163,92 @@ class Heartbeat:
                 log.warning("study %s: heartbeat failed", self.study_id, exc_info=True)
 
 
+def connected_gcs_address() -> str | None:
+    """The address (``host:port``) of the GCS of the Ray cluster this process is connected
+    to; ``None`` before it connects (or where Ray does not say: a Ray Client connection)."""
+    if "ray" not in sys.modules:  # this process has not used Ray yet
+        return None
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        address = ray.get_runtime_context().gcs_address
+    except Exception:
+        return None
+    return str(address) if address else None
+
+
+class RayWatch:
+    """A daemon thread that checks, every ``interval_s`` while a study runs, that the Ray
+    cluster this process is connected to still answers: its GCS accepts a TCP connection
+    (:func:`tuner.engine.probe_ray_address`). Once it has not answered for ``lost_after_s``,
+    ``on_lost(reason)`` is called from this thread, once, and the watch ends; ``lost`` holds
+    the reason. Nothing is checked before the runner has connected to Ray, and with
+    ``lost_after_s == 0`` not at all. ``address`` says where the GCS is (default: the
+    cluster this process is connected to)."""
+
+    def __init__(
+        self,
+        lost_after_s: float,
+        on_lost: Callable[[str], None],
+        *,
+        interval_s: float,
+        address: Callable[[], str | None] = connected_gcs_address,
+    ) -> None:
+        self.lost_after_s = lost_after_s
+        self.interval_s = interval_s
+        self.lost: str | None = None
+        self._on_lost = on_lost
+        self._address = address
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ray-watch", daemon=True)
+
+    def __enter__(self) -> RayWatch:
+        if self.lost_after_s > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        from tuner.engine import probe_ray_address
+
+        since: float | None = None  # when the first probe of this outage failed
+        while not self._stop.wait(self.interval_s):
+            address = self._address()
+            if address is None:
+                since = None
+                continue
+            try:
+                probe_ray_address(address, timeout_s=min(5.0, self.interval_s))
+            except ClusterUnavailableError as exc:
+                now = time.monotonic()
+                if since is None:
+                    since = now
+                    log.warning(
+                        "the Ray cluster at %s does not answer (%s); the study goes back to "
+                        "the queue if it has not answered for %g s",
+                        address,
+                        exc.__cause__,
+                        self.lost_after_s,
+                    )
+                if now - since < self.lost_after_s:
+                    continue
+                self.lost = (
+                    f"the Ray cluster at {address} has not answered for {now - since:.0f} s "
+                    f"({exc.__cause__})"
+                )
+                self._on_lost(self.lost)
+                return
+            if since is not None:
+                log.info("the Ray cluster at %s answers again", address)
+            since = None
+
+
 @dataclass
 class DispatchStats:
     """What a dispatcher did: studies run (by outcome) and whether it was interrupted."""
@@ -168,6 +261,8 @@ class DispatchStats:
     """Deleted studies whose files and Optuna study this dispatcher removed."""
     unavailable: str | None = None
     """Why the last study given back could not start (Ray unreachable); ``None`` otherwise."""
+    ray_lost: str | None = None
+    """Why the dispatcher stopped with its study given back: the Ray cluster was lost."""
 
 
 class Dispatcher:
@@ -182,6 +277,8 @@ class Dispatcher:
         worker_id: str | None = None,
         once: bool = False,
         max_studies: int | None = None,
+        on_ray_lost: Callable[[str], None] | None = None,
+        ray_address: Callable[[], str | None] = connected_gcs_address,
     ) -> None:
         if max_studies is not None and max_studies < 1:
             raise ValueError(f"max_studies must be at least 1, not {max_studies}")
@@ -191,6 +288,8 @@ class Dispatcher:
         self.worker_id = worker_id or default_worker_id()
         self.once = once
         self.max_studies = max_studies
+        self.on_ray_lost = on_ray_lost
+        self.ray_address = ray_address  # where the Ray watch finds the cluster's GCS
         self.stats = DispatchStats()
         self._stop = threading.Event()
         self._running: int | None = None  # the study the runner is working on
@@ -292,11 +391,30 @@ class Dispatcher:
         self.stats.studies.append(study.id)
         self._running = study.id
         try:
-            with Heartbeat(self.store, study.id, self.worker_id, self.settings.heartbeat_s):
+            with (
+                Heartbeat(self.store, study.id, self.worker_id, self.settings.heartbeat_s),
+                RayWatch(
+                    self.settings.ray_lost_s,
+                    lambda reason: self._ray_lost(study.id, reason),
+                    interval_s=min(self.settings.heartbeat_s, self.settings.ray_lost_s / 3),
+                    address=self.ray_address,
+                ),
+            ):
                 self._run_study(study.id)
         finally:
             self._running = None
         return study
+
+    def _ray_lost(self, study_id: int, reason: str) -> None:
+        """(The Ray watch's thread.) The study goes back to the queue with the reason, the
+        dispatcher claims nothing more, and ``on_ray_lost`` is told (the ``worker`` command
+        exits: the runner's Tune loop waits on a cluster that is gone)."""
+        self.stats.ray_lost = reason
+        self._stop.set()
+        log.error("study %s: %s; giving it back to the queue", study_id, reason)
+        self._release(study_id, reason=f"given back: {reason}")
+        if self.on_ray_lost is not None:
+            self.on_ray_lost(reason)
 
     def _run_study(self, study_id: int) -> None:
         try:

@@ -4,6 +4,7 @@ thread, failures, take-over of a dead worker's study, and shutdown."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -352,3 +353,58 @@ def test_a_failing_removal_is_tried_again_less_and_less_often(
     (record,) = store.study_leftovers()
     # failures at about 0, 0.1, 0.3, 0.7 and 1.5 s: 4-5 attempts, not 30
     assert 2 <= record.attempts <= 6, record.attempts
+
+
+def test_a_study_whose_ray_cluster_stops_answering_is_given_back(store: StudyStore) -> None:
+    first, second = queue(store, 2)
+    cluster = socket.create_server(("127.0.0.1", 0))  # a GCS port that accepts connections
+    address = f"127.0.0.1:{cluster.getsockname()[1]}"
+    told: list[str] = []
+
+    def runner(store: StudyStore, study_id: int, worker_id: str) -> None:
+        store.create_trial(study_id, 0, SCHEDULE, {})
+        time.sleep(1.0)  # over ray_lost_s, while the cluster answers: nothing happens
+        assert store.get_study(study_id).status is StudyStatus.RUNNING
+        cluster.close()  # the cluster's head is lost
+        deadline = time.monotonic() + 10
+        while store.get_study(study_id).status is StudyStatus.RUNNING:  # Tune waits on it
+            assert time.monotonic() < deadline, "the study was not given back"
+            time.sleep(0.05)
+
+    dispatcher = Dispatcher(
+        store,
+        settings(ray_lost_s=0.3),
+        runner=runner,
+        on_ray_lost=told.append,
+        ray_address=lambda: address,
+    )
+    stats = dispatcher.run()
+    assert len(told) == 1
+    assert told[0].startswith(f"the Ray cluster at {address} has not answered for")
+    assert (stats.studies, stats.released, stats.ray_lost) == ([first], [first], told[0])
+    study = store.get_study(first)
+    assert (study.status, study.worker_id) == (StudyStatus.QUEUED, None)
+    assert study.error == f"given back: {told[0]}"
+    (trial,) = store.list_trials(first).items
+    assert trial.status is TrialStatus.FAILED  # a later claim trains it again
+    assert store.get_study(second).attempts == 0  # the dispatcher claims nothing more
+
+
+def test_the_ray_watch_is_off_with_ray_lost_s_0(store: StudyStore) -> None:
+    (study_id,) = queue(store, 1)
+    told: list[str] = []
+
+    def runner(store: StudyStore, study_id: int, worker_id: str) -> None:
+        time.sleep(0.5)
+        store.finish_study(study_id, StudyStatus.COMPLETED, worker_id=worker_id)
+
+    stats = Dispatcher(
+        store,
+        settings(ray_lost_s=0),
+        runner=runner,
+        once=True,
+        on_ray_lost=told.append,
+        ray_address=lambda: "127.0.0.1:1",  # nothing listens there
+    ).run()
+    assert (told, stats.ray_lost, stats.studies) == ([], None, [study_id])
+    assert store.get_study(study_id).status is StudyStatus.COMPLETED

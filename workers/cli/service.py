@@ -26,7 +26,7 @@ from typing import Annotated
 
 import typer
 
-from workers.cli.app import app
+from workers.cli.app import EXIT_FAILURE, app
 
 log = logging.getLogger("stagetune.serve")
 
@@ -69,6 +69,8 @@ def worker(
     """Run the dispatcher: claim queued studies and run them on Ray (RAY_ADDRESS or local).
 
     SIGTERM or Ctrl+C gives a running study back to the queue and exits.
+
+    A Ray cluster lost mid-study (STAGETUNE_RAY_LOST_S) does the same, with exit status 1.
     """
     from tuner.errors import ClusterUnavailableError
     from tuner.settings import get_settings
@@ -82,7 +84,12 @@ def worker(
     _prepare_database(url)
     with StudyStore(url) as store:
         dispatcher = Dispatcher(
-            store, settings, worker_id=worker_id, once=once, max_studies=max_studies
+            store,
+            settings,
+            worker_id=worker_id,
+            once=once,
+            max_studies=max_studies,
+            on_ray_lost=_exit_ray_lost,
         )
         restore = install_signal_handlers(dispatcher)
         try:
@@ -103,6 +110,23 @@ def worker(
     if once and stats.unavailable is not None:
         # --once stopped at a study it could not start: not a clean run of the queue
         raise ClusterUnavailableError(stats.unavailable)
+
+
+def _exit_ray_lost(reason: str) -> None:
+    """The dispatcher's Ray cluster is gone mid-study, and its study back in the queue: exit
+    now, with status 1, for a supervisor to start the worker again. Ray cannot connect this
+    process to a cluster again, the study's Tune loop waits on the one that is gone (Ray ends
+    the process itself after 60 s), and no teardown that talks to Ray could finish."""
+    typer.echo(
+        f"stagetune: error: {reason}; its study went back to the queue, and this worker exits "
+        "(start it again once the cluster is back: a dispatcher resumes the study from its "
+        "checkpoints)",
+        err=True,
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_FAILURE)
 
 
 class EmbeddedDispatcher:
