@@ -168,6 +168,8 @@ def connected_gcs_address() -> str | None:
     to; ``None`` before it connects (or where Ray does not say: a Ray Client connection)."""
     if "ray" not in sys.modules:  # this process has not used Ray yet
         return None
+    if os.environ.get("RAY_ADDRESS", "").strip().startswith("ray://"):
+        return None  # a Ray Client connection: the GCS is the server's to reach, not ours
     import ray
 
     if not ray.is_initialized():
