@@ -54,7 +54,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import threading
 import time
@@ -93,6 +92,7 @@ from tuner.objectives import (
 )
 from tuner.pbt import LINEAGE_KEY, SchedulePBT, initial_schedules, pbt_interval
 from tuner.prefixes import PrefixStore
+from tuner.ray_probe import probe_ray_address
 from tuner.recipes import UNJUDGED_VARIANTS
 from tuner.schedule import Schedule
 from tuner.seeds import (
@@ -344,9 +344,6 @@ def rung_epochs(grace_period: int, reduction_factor: float, max_t: int) -> tuple
     return tuple(sorted({math.ceil(m - 1e-9) for m in milestones if m < max_t}))
 
 
-#: How long :func:`probe_ray_address` waits for the head's GCS port to accept a connection.
-RAY_PROBE_TIMEOUT_S: Final = 5.0
-
 #: Ray's logger for its token-authentication set-up, and the notice it logs as a WARNING at
 #: every start of a local instance while ``RAY_AUTH_MODE`` is unset: Ray then turns token
 #: authentication on by default and says so, which on a local instance is nothing for the
@@ -371,24 +368,6 @@ def quiet_local_ray_notices() -> None:
         logger.addFilter(_WithoutAuthDefaultNotice())
 
 
-def probe_ray_address(address: str, timeout_s: float = RAY_PROBE_TIMEOUT_S) -> None:
-    """Raise :class:`ClusterUnavailableError` at once when nothing accepts a TCP connection at
-    ``address`` (``host:port``, the head's GCS). ``ray.init`` would retry such an address for
-    minutes (about 12 with Ray's defaults) while the study it was to run sat claimed. Other
-    forms (``auto``, ``local``, ``ray://...``, no port) are left to Ray."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or "://" in address:
-        return
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            pass
-    except OSError as exc:
-        raise ClusterUnavailableError(
-            f"could not connect to the Ray cluster at RAY_ADDRESS={address}: nothing accepts "
-            f"connections there ({exc}); check that the head node is up and the address is right"
-        ) from exc
-
-
 def connect_ray() -> None:
     """Connect to Ray unless connected: the cluster ``RAY_ADDRESS`` names, or a local instance
     (without Ray's own dashboard: it costs seconds and memory, and stagetune's dashboard shows
@@ -399,10 +378,10 @@ def connect_ray() -> None:
     with its study still claimed until the heartbeat went stale, instead of giving it back.
 
     Raises :class:`ClusterUnavailableError` when nothing answers at ``RAY_ADDRESS``
-    (:func:`probe_ray_address`, before ``ray.init``) or ``ray.init`` fails to reach Ray (Ray raises
-    ``ConnectionError`` for a cluster it cannot reach, ``RuntimeError`` when no node of the
-    cluster runs on this machine after its 60 s wait, ``TimeoutError``): the caller has started
-    nothing yet, so the study can run later.
+    (:func:`tuner.ray_probe.probe_ray_address`, before ``ray.init``) or ``ray.init`` fails to
+    reach Ray (Ray raises ``ConnectionError`` for a cluster it cannot reach, ``RuntimeError``
+    when no node of the cluster runs on this machine after its 60 s wait, ``TimeoutError``):
+    the caller has started nothing yet, so the study can run later.
     """
     if ray.is_initialized():
         return

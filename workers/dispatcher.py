@@ -61,6 +61,7 @@ from tuner.errors import (
     StagetuneError,
 )
 from tuner.leftovers import remove_leftovers
+from tuner.ray_probe import probe_ray_address
 from tuner.settings import Settings
 from tuner.store import StudyRecord, StudyStatus, StudyStore
 
@@ -184,7 +185,7 @@ def connected_gcs_address() -> str | None:
 class RayWatch:
     """A daemon thread that checks, every ``interval_s`` while a study runs, that the Ray
     cluster this process is connected to still answers: its GCS accepts a TCP connection
-    (:func:`tuner.engine.probe_ray_address`). Once it has not answered for ``lost_after_s``,
+    (:func:`tuner.ray_probe.probe_ray_address`). Once it has not answered for ``lost_after_s``,
     ``on_lost(reason)`` is called from this thread, once, and the watch ends; ``lost`` holds
     the reason. Nothing is checked before the runner has connected to Ray, and with
     ``lost_after_s == 0`` not at all. ``address`` says where the GCS is (default: the
@@ -217,8 +218,6 @@ class RayWatch:
             self._thread.join()
 
     def _run(self) -> None:
-        from tuner.engine import probe_ray_address
-
         since: float | None = None  # when the first probe of this outage failed
         while not self._stop.wait(self.interval_s):
             address = self._address()
