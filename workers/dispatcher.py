@@ -61,7 +61,7 @@ from tuner.errors import (
     StagetuneError,
 )
 from tuner.leftovers import remove_leftovers
-from tuner.ray_probe import probe_ray_address
+from tuner.ray_probe import probe_ray_address, tcp_address
 from tuner.settings import Settings
 from tuner.store import StudyRecord, StudyStatus, StudyStore
 
@@ -166,15 +166,20 @@ class Heartbeat:
 
 def connected_gcs_address() -> str | None:
     """The address (``host:port``) of the GCS of the Ray cluster this process is connected
-    to; ``None`` before it connects (or where Ray does not say: a Ray Client connection)."""
+    to: ``RAY_ADDRESS`` where it has that form (the name the user gave it), else the one Ray
+    connected to; ``None`` before it connects (or where Ray does not say: a Ray Client
+    connection)."""
     if "ray" not in sys.modules:  # this process has not used Ray yet
         return None
-    if os.environ.get("RAY_ADDRESS", "").strip().startswith("ray://"):
+    configured = os.environ.get("RAY_ADDRESS", "").strip()
+    if configured.startswith("ray://"):
         return None  # a Ray Client connection: the GCS is the server's to reach, not ours
     import ray
 
     if not ray.is_initialized():
         return None
+    if tcp_address(configured) is not None:
+        return configured
     try:
         address = ray.get_runtime_context().gcs_address
     except Exception:

@@ -166,9 +166,7 @@ def test_a_worker_whose_ray_cluster_is_lost_gives_its_study_back_and_exits(
         # Given back within the watch's time and a few probes, not Ray's 60 s and a stale
         # heartbeat's 60 s more.
         assert exited_s < LOST_AFTER_S + 20, (exited_s, output[-3000:])
-        port = address.rsplit(":", 1)[1]  # (Ray gives the head's address by its own IP)
-        assert "stagetune: error: the Ray cluster at " in output
-        assert f":{port} has not answered for" in output
+        assert f"stagetune: error: the Ray cluster at {address} has not answered for" in output
         assert "its study went back to the queue" in output
         study = store.get_study(study_id)
         assert (study.status, study.worker_id, study.heartbeat_at) == (
@@ -177,8 +175,7 @@ def test_a_worker_whose_ray_cluster_is_lost_gives_its_study_back_and_exits(
             None,
         ), output[-3000:]
         assert study.error is not None
-        assert study.error.startswith("given back: the Ray cluster at ")
-        assert f":{port} has not answered for" in study.error
+        assert study.error.startswith(f"given back: the Ray cluster at {address} has not")
 
         # A dispatcher on a cluster that answers finishes the study; nothing finished is lost.
         resumed = subprocess.run(

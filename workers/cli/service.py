@@ -70,7 +70,7 @@ def worker(
 
     SIGTERM or Ctrl+C gives a running study back to the queue and exits.
 
-    A Ray cluster lost mid-study (STAGETUNE_RAY_LOST_S) does the same, with exit status 1.
+    So does a lost Ray cluster (no answer for STAGETUNE_RAY_LOST_S seconds), with exit status 1.
     """
     from tuner.errors import ClusterUnavailableError
     from tuner.settings import get_settings
