@@ -410,6 +410,15 @@ def test_a_dispatcher_killed_during_the_seed_runs_is_taken_over_without_retraini
             first.wait(30)
         before = finished_seed_runs(data_dir / "ray")  # what the kill left
         assert len(before) < runs, "every seed run had finished before the kill"
+        # Tune saves the seed runs' state at every step: the kill can land in that copy and
+        # leave a state file empty or cut short (the window the main test's variants cover).
+        seeds_dir = next((data_dir / "ray").glob("study-*.seeds"))
+        truncated = sorted(
+            f.name
+            for pattern in ("experiment_state-*", "search_gen_state-*", "searcher-state-*")
+            for f in seeds_dir.glob(pattern)
+            if unreadable(f)
+        )
         assert store.get_study(study_id).status is StudyStatus.RUNNING
         search = finished_rows(store, study_id)
         assert len(search) == 2  # the search had finished
@@ -431,7 +440,14 @@ def test_a_dispatcher_killed_during_the_seed_runs_is_taken_over_without_retraini
                 second.wait(30)
         log2 = (tmp_path / "w2.log").read_text()
         assert second.returncode == 0, log2[-4000:]
-        assert "resuming the seed runs" in log2, log2[-4000:]
+        if truncated:
+            # Set aside, and the seed runs trained again from the start: the runs finished
+            # before the kill are not reused then (docs/reliability.md).
+            assert "cannot be restored" in log2, (truncated, log2[-4000:])
+            assert len(list((data_dir / "ray").glob("study-*.seeds.unreadable-*"))) == 1
+            before = {}
+        else:
+            assert "resuming the seed runs" in log2, log2[-4000:]
         study = store.get_study(study_id)
         assert study.status is StudyStatus.COMPLETED, (study.error, log2[-4000:])
         assert study.worker_id == "w-second"
