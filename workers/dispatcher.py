@@ -61,7 +61,7 @@ from tuner.errors import (
     StagetuneError,
 )
 from tuner.leftovers import remove_leftovers
-from tuner.ray_probe import probe_ray_address, tcp_address
+from tuner.ray_probe import RAY_PROBE_TIMEOUT_S, probe_ray_address, tcp_address
 from tuner.settings import Settings
 from tuner.store import StudyRecord, StudyStatus, StudyStore
 
@@ -191,10 +191,10 @@ class RayWatch:
     """A daemon thread that checks, every ``interval_s`` while a study runs, that the Ray
     cluster this process is connected to still answers: its GCS accepts a TCP connection
     (:func:`tuner.ray_probe.probe_ray_address`). Once it has not answered for ``lost_after_s``,
-    ``on_lost(reason)`` is called from this thread, once, and the watch ends; ``lost`` holds
-    the reason. Nothing is checked before the runner has connected to Ray, and with
-    ``lost_after_s == 0`` not at all. ``address`` says where the GCS is (default: the
-    cluster this process is connected to)."""
+    ``on_lost(reason)`` is called from this thread, once, and the watch ends. Nothing is
+    checked before the runner has connected to Ray, and with ``lost_after_s == 0`` not at
+    all. ``address`` says where the GCS is (default: the cluster this process is connected
+    to)."""
 
     def __init__(
         self,
@@ -206,7 +206,6 @@ class RayWatch:
     ) -> None:
         self.lost_after_s = lost_after_s
         self.interval_s = interval_s
-        self.lost: str | None = None
         self._on_lost = on_lost
         self._address = address
         self._stop = threading.Event()
@@ -230,7 +229,7 @@ class RayWatch:
                 since = None
                 continue
             try:
-                probe_ray_address(address, timeout_s=min(5.0, self.interval_s))
+                probe_ray_address(address, timeout_s=min(RAY_PROBE_TIMEOUT_S, self.interval_s))
             except ClusterUnavailableError as exc:
                 now = time.monotonic()
                 if since is None:
@@ -244,11 +243,10 @@ class RayWatch:
                     )
                 if now - since < self.lost_after_s:
                     continue
-                self.lost = (
+                self._on_lost(
                     f"the Ray cluster at {address} has not answered for {now - since:.0f} s "
                     f"({exc.__cause__})"
                 )
-                self._on_lost(self.lost)
                 return
             if since is not None:
                 log.info("the Ray cluster at %s answers again", address)
