@@ -36,7 +36,9 @@ What one :meth:`TuningEngine.run` does:
   or if Tune comes back from a restore with fewer trials than the state holds (checked at its
   first controller step, before any trial starts), the directory is renamed
   ``<name>.unreadable-<time>`` (kept for a post-mortem, with a warning in the log) and the
-  study is finished from ``prior_trials`` and the Optuna study, as without a directory.
+  study is finished from ``prior_trials`` and the Optuna study, as without a directory. The
+  seed runs are not in the database: their runs that a set-aside experiment's state (JSON)
+  holds as finished are reused (:func:`finished_set_aside_runs`) and only the others train.
 
 The result lists every trial's outcome and the study summary (best schedule against each
 baseline).
@@ -47,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import fnmatch
+import glob
 import json
 import logging
 import math
@@ -1291,6 +1294,7 @@ class TuningEngine:
             return []
         key = str(path)
         LIVE_RUNS[key] = LiveRun(callbacks=list(self.seed_callbacks), should_stop=self.should_stop)
+        found: list[tuple[dict[str, Any], TrialOutcome, bool]] = []
         try:
             with _checkpoint_every_step():
                 tuner = None
@@ -1303,17 +1307,34 @@ class TuningEngine:
                         )
                     else:
                         set_aside(path, problem)
+                # Runs that finished in an experiment a kill left unreadable (set aside, now or
+                # by an earlier take-over) are not trained again: a restored experiment holds
+                # only the runs that were left when it was created.
+                kept = finished_set_aside_runs(path, configs, self)
                 if tuner is None:
-                    tuner = self._seed_tuner(configs, path)
-                grid = _fit(tuner)
+                    left = [c for c in configs if seed_run_key(c) not in kept]
+                    if kept:
+                        log.info(
+                            "reusing %d finished seed run(s) from the set-aside experiment; "
+                            "%d left to train",
+                            len(kept),
+                            len(left),
+                        )
+                    if left:
+                        tuner = self._seed_tuner(left, path)
+                found = list(kept.values())
+                if tuner is not None:
+                    grid = _fit(tuner)
+                    found += _outcomes(grid.experiment_path, self)
         finally:
             LIVE_RUNS.pop(key, None)
         runs: dict[int, dict[int, TrialOutcome]] = {}
-        finished = 0
-        for config, outcome, done in _outcomes(grid.experiment_path, self):
+        ended: dict[int, dict[int, bool]] = {}
+        for config, outcome, done in found:  # a later experiment's record of a run wins
             seed = int(config.get("seed", -1))
             runs.setdefault(outcome.number, {})[seed] = outcome
-            finished += done
+            ended.setdefault(outcome.number, {})[seed] = done
+        finished = sum(sum(by_seed.values()) for by_seed in ended.values())
         cancelled = bool(self.should_stop is not None and self.should_stop())
         if finished < len(configs) and not cancelled:
             raise KeyboardInterrupt(f"the seed runs ended after {finished} of {len(configs)} runs")
@@ -1493,11 +1514,13 @@ def _pick(configs: list[dict[str, Any]], key: str, default: Any) -> Callable[[An
 
 
 def _outcomes(
-    experiment_path: str | os.PathLike[str], engine: TuningEngine
+    experiment_path: str | os.PathLike[str], engine: TuningEngine, *, ran_to_end: bool = False
 ) -> list[tuple[dict[str, Any], TrialOutcome, bool]]:
     """Every trial of a Tune experiment as (config, outcome, whether Tune finished it), from
     Tune's own trial records read back from the experiment directory as a restore would (a
-    ``Result`` of a trial that never reported lacks its config)."""
+    ``Result`` of a trial that never reported lacks its config). With ``ran_to_end``, a trial
+    Tune ended before its last result (a cancel, Tune's own Ctrl-C) does not count as
+    finished: only a failed one, or one whose last result says ``done``."""
     out: list[tuple[dict[str, Any], TrialOutcome, bool]] = []
     for trial in tune.ExperimentAnalysis(str(experiment_path)).trials:
         error = trial.status == "ERROR"
@@ -1517,9 +1540,46 @@ def _outcomes(
             error_message=message,
             train_size=engine.train_size,
         )
-        if outcome is not None:
-            out.append((config, outcome, trial.status in ("TERMINATED", "ERROR")))
+        if outcome is None:
+            continue
+        done = trial.status in ("TERMINATED", "ERROR")
+        if ran_to_end and trial.status == "TERMINATED":
+            done = bool((trial.last_result or {}).get("done"))
+        out.append((config, outcome, done))
     return out
+
+
+def seed_run_key(config: Mapping[str, Any]) -> tuple[int, int, str] | None:
+    """What identifies a seed run across experiments: its trial number, seed and schedule."""
+    meta = TrialMeta.from_config(config)
+    if meta is None:
+        return None
+    schedule = json.dumps(config.get("schedule"), sort_keys=True)
+    return meta.number, int(config.get("seed", -1)), schedule
+
+
+def finished_set_aside_runs(
+    path: Path, configs: Sequence[Mapping[str, Any]], engine: TuningEngine
+) -> dict[tuple[int, int, str] | None, tuple[dict[str, Any], TrialOutcome, bool]]:
+    """The runs among ``configs`` that finished in an experiment set aside from ``path``
+    (``<name>.unreadable-<time>``, see :func:`set_aside`), by :func:`seed_run_key`.
+
+    A kill during Tune's copy of its state leaves a pickle empty while the experiment state
+    (JSON, which :class:`tune.ExperimentAnalysis` reads, as :func:`_outcomes` does) still holds
+    every run finished before the save. A directory whose state cannot be read gives nothing."""
+    wanted = {seed_run_key(c) for c in configs}
+    kept: dict[tuple[int, int, str] | None, tuple[dict[str, Any], TrialOutcome, bool]] = {}
+    for aside in sorted(path.parent.glob(f"{glob.escape(path.name)}.unreadable-*")):
+        try:
+            outcomes = _outcomes(aside, engine, ran_to_end=True)
+        except Exception as exc:  # no readable experiment state: nothing to reuse from it
+            log.info("no finished runs can be read from %s (%s)", aside, _short(exc, 200))
+            continue
+        for config, outcome, done in outcomes:
+            key = seed_run_key(config)
+            if done and key is not None and key in wanted:
+                kept[key] = (config, outcome, done)
+    return kept
 
 
 def _fit(tuner: tune.Tuner) -> tune.ResultGrid:

@@ -29,7 +29,9 @@ with the saved state files emptied, as a kill during Tune's copy of its state le
 aside (``study-N.unreadable-<time>``) and finish the study from the database.
 
 A fourth test kills the worker after the search, while the finalists train on fresh seeds:
-the second worker restores the seed runs' own experiment and trains only the runs left.
+the second worker restores the seed runs' own experiment and trains only the runs left (if the
+kill cut a state file short, it sets the directory aside and still trains only the runs left,
+unless the experiment state itself was cut short).
 """
 
 from __future__ import annotations
@@ -347,12 +349,12 @@ def test_killed_dispatcher_is_taken_over_and_no_finished_trial_is_lost(
                     assert t["stop_reason"]
 
 
-def finished_seed_runs(ray_dir: Path) -> dict[str, str]:
+def finished_seed_runs(ray_dir: Path, experiment: str = "study-*.seeds") -> dict[str, str]:
     """The seed runs finished so far, as the seed runs' Tune experiment state (saved at every
     step) records them: Tune trial id -> its last result and start time (JSON), which must
-    not change again."""
+    not change again. ``experiment``: the directory's pattern under ``ray_dir``."""
     out: dict[str, str] = {}
-    for path in sorted(ray_dir.glob("study-*.seeds/experiment_state-*.json"))[-1:]:
+    for path in sorted(ray_dir.glob(f"{experiment}/experiment_state-*.json"))[-1:]:
         try:
             state = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -440,19 +442,26 @@ def test_a_dispatcher_killed_during_the_seed_runs_is_taken_over_without_retraini
                 second.wait(30)
         log2 = (tmp_path / "w2.log").read_text()
         assert second.returncode == 0, log2[-4000:]
+        aside: dict[str, str] = {}
         if truncated:
-            # Set aside, and the seed runs trained again from the start: the runs finished
-            # before the kill are not reused then (docs/reliability.md).
+            # Set aside: the runs its experiment state holds as finished are reused, the
+            # others train in a new experiment; with that state itself cut short, every run
+            # trains again (docs/reliability.md).
             assert "cannot be restored" in log2, (truncated, log2[-4000:])
             assert len(list((data_dir / "ray").glob("study-*.seeds.unreadable-*"))) == 1
-            before = {}
+            if any(name.startswith("experiment_state-") for name in truncated):
+                before = {}
+            else:
+                aside = finished_seed_runs(data_dir / "ray", "study-*.seeds.unreadable-*")
+                assert aside == before
+                assert f"reusing {len(before)} finished seed run(s)" in log2, log2[-4000:]
         else:
             assert "resuming the seed runs" in log2, log2[-4000:]
         study = store.get_study(study_id)
         assert study.status is StudyStatus.COMPLETED, (study.error, log2[-4000:])
         assert study.worker_id == "w-second"
         assert finished_rows(store, study_id) == search  # no search trial ran again
-        after = finished_seed_runs(data_dir / "ray")
+        after = {**aside, **finished_seed_runs(data_dir / "ray")}
         assert len(after) == runs, sorted(after)  # one Tune trial per run, none repeated
         for name, text in before.items():
             assert after[name] == text, f"seed run {name} trained again after the take-over"

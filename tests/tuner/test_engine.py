@@ -886,3 +886,79 @@ def test_a_trial_epoch_budget_ends_the_search_when_it_is_spent(
     assert result.summary["trial_epochs_budget"] == 15
     assert result.summary["search_compute_epochs"] == len(trained)
     assert "of a 15 trial-epoch budget" in search_text(result.summary)
+
+
+class StopAfterEpochs:
+    """A picklable ``should_stop``: true once ``count`` epochs have been trained (the
+    epochs log), a cancel in the middle of the seed runs."""
+
+    def __init__(self, log: Path, count: int) -> None:
+        self.log = log
+        self.count = count
+
+    def __call__(self) -> bool:
+        return self.log.exists() and len(self.log.read_text().split()) >= self.count
+
+
+def _finished_runs(experiment: Path) -> dict[tuple[int, int], float]:
+    """(trial number, seed) -> final accuracy of each run a Tune experiment holds as run to
+    its end (the cancel ends the others as ``TERMINATED`` too, without a final result)."""
+    from ray import tune
+
+    return {
+        (t.config["stagetune"]["number"], t.config["seed"]): t.last_result["val_accuracy"]
+        for t in tune.ExperimentAnalysis(str(experiment)).trials
+        if t.status == "TERMINATED" and (t.last_result or {}).get("done")
+    }
+
+
+def test_seed_runs_finished_before_a_kill_cut_their_state_short_are_not_trained_again(
+    ray_session: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A kill while Tune copies the seed runs' state leaves a pickle empty (seen in CI): the
+    take-over sets the directory aside, reuses the runs its experiment state holds as
+    finished, and trains only the others; a later restore keeps both."""
+    text = (
+        "task: digits\nschedule: {total_epochs: 2}\n"
+        "budget: {trials: 5, early_stopping: false, seed_runs: 2, finalists: 2}"
+    )
+    slow = {"fake_delay_s": 0.3}
+    # The search trains 5 x 2 epochs; the cancel lands once the seed runs have trained 4.
+    stop = StopAfterEpochs(tmp_path / "epochs.log", 5 * 2 + 4)
+    engine(tmp_path, text, should_stop=stop, trial_config=slow).run()
+    seeds_dir = tmp_path / "ray" / "study-1.seeds"
+    before = _finished_runs(seeds_dir)
+    assert before, "no seed run finished before the cancel"
+    for f in seeds_dir.glob("search_gen_state-*"):
+        f.write_bytes(b"")  # what the kill in the copy left (the JSON state is readable)
+    (tmp_path / "epochs.log").unlink()
+
+    with caplog.at_level(logging.INFO, logger="tuner.engine"):
+        second = engine(tmp_path, text, trial_config=slow).run()
+
+    seeded = second.summary["seed_runs"]
+    runs = len(seeded["finalists"]) * 2  # finalists x fresh seeds
+    assert len(before) < runs, before
+    assert any("cannot be restored" in r.getMessage() for r in caplog.records)
+    assert any(
+        f"reusing {len(before)} finished seed run(s)" in r.getMessage() for r in caplog.records
+    )
+    assert len(list((tmp_path / "ray").glob("study-1.seeds.unreadable-*"))) == 1
+    trained = epochs_trained(tmp_path)
+    assert len(trained) == (runs - len(before)) * 2  # only the runs left, no search trial
+    by_number = {f["number"]: f for f in seeded["finalists"]}
+    for (number, seed), accuracy in before.items():
+        assert by_number[number]["metric_values"][seeded["seeds"].index(seed)] == accuracy
+    for finalist in seeded["finalists"]:
+        assert finalist["failed"] == 0
+        assert None not in finalist["values"]
+    assert seeded["compute_epochs"] == runs * 2  # the reused runs' compute counts too
+    after = _finished_runs(seeds_dir)
+    assert len(after) == runs - len(before)
+    assert not set(after) & set(before)
+
+    # Resumed again: the new experiment is restored, the set-aside runs are reused again.
+    again = engine(tmp_path, text, trial_config=slow).run()
+    assert epochs_trained(tmp_path) == trained
+    assert again.summary["seed_runs"] == seeded
+    assert again.summary["best"] == second.summary["best"]
