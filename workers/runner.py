@@ -32,6 +32,7 @@ from typing import Any
 
 import optuna
 from ray import tune
+from rich.markup import escape
 
 from tuner.engine import SEED_RUN_KEY, EngineResult, TuningEngine
 from tuner.engine_search import PriorTrial, TrialMeta
@@ -566,6 +567,12 @@ def _quiet_ray_output() -> None:
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
 
 
+def _tag(text: str) -> str:
+    """``[text]`` as literal text in a rich markup string (rich would read ``[tuned]`` as a
+    style and print nothing)."""
+    return escape(f"[{text}]")
+
+
 class TrialPrinter(tune.Callback):
     """Prints a line when a trial starts and when it ends (the CLI's live progress), and the
     same for the finalists' seed runs."""
@@ -605,8 +612,8 @@ class TrialPrinter(tune.Callback):
             if len(lineage) > self._started[trial.trial_id]:
                 epoch, donor = lineage[-1]
                 self.console.print(
-                    f"  [dim]clone[/dim] trial {meta.number:>3} [{kind}] took trial {donor}'s "
-                    f"state at epoch {epoch}: {summary}"
+                    f"  [dim]clone[/dim] trial {meta.number:>3} {_tag(kind)} took trial "
+                    f"{donor}'s state at epoch {epoch}: {escape(summary)}"
                 )
             self._started[trial.trial_id] = len(lineage)
             return
@@ -626,11 +633,13 @@ class TrialPrinter(tune.Callback):
                     f"seeds ({seed_run.get('runs')} runs); the result is picked on their means"
                 )
             self.console.print(
-                f"  [dim]start[/dim] trial {meta.number:>3} [{kind}] on seed "
-                f"{seed_run.get('seed')}: {summary}"
+                f"  [dim]start[/dim] trial {meta.number:>3} {_tag(kind)} on seed "
+                f"{seed_run.get('seed')}: {escape(summary)}"
             )
             return
-        self.console.print(f"  [dim]start[/dim] trial {meta.number:>3} [{kind}] {summary}")
+        self.console.print(
+            f"  [dim]start[/dim] trial {meta.number:>3} {_tag(kind)} {escape(summary)}"
+        )
 
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._started.pop(trial.trial_id, None)  # Tune runs it again from the start
@@ -650,10 +659,11 @@ class TrialPrinter(tune.Callback):
             else:
                 self._seed_runs_done = done
             status, _ = trial_status(self.objective, r, error=error)
+            counter = f"{'reserve' if reserve else 'seed'} {done:>2}/{seed_run.get('runs')}"
             self.console.print(
-                f"[{'reserve' if reserve else 'seed'} {done:>2}/{seed_run.get('runs')}] trial "
-                f"{meta.number:>3} [{meta.baseline or 'tuned'}] seed {seed_run.get('seed')} "
-                f"{status}: {self._metric_text(r)}, {r.get('steps', '-')} steps"
+                f"{_tag(counter)} trial {meta.number:>3} {_tag(meta.baseline or 'tuned')} seed "
+                f"{seed_run.get('seed')} {status}: {self._metric_text(r)}, "
+                f"{r.get('steps', '-')} steps"
             )
             return
         self._done += 1
@@ -661,8 +671,8 @@ class TrialPrinter(tune.Callback):
         forked = r.get("forked_epochs")
         fork_text = f", forked at epoch {forked}" if isinstance(forked, int) and forked else ""
         self.console.print(
-            f"[{self._done:>3}/{self.budget}] trial {meta.number:>3} "
-            f"[{meta.baseline or 'tuned'}] {status}: {self._metric_text(r)} after "
+            f"{_tag(f'{self._done:>3}/{self.budget}')} trial {meta.number:>3} "
+            f"{_tag(meta.baseline or 'tuned')} {status}: {self._metric_text(r)} after "
             f"{epochs_done(r)} epoch(s), {r.get('steps', '-')} steps, "
             f"{format_duration(float(r.get('wall_time_s') or 0.0))}{fork_text}"
         )
@@ -763,10 +773,10 @@ def print_result(result: StudyResult, console: Any) -> None:
         notes = "; ".join(t for t in (outside_text(row, objective_doc), ended_text(row)) if t)
         if notes:  # "fitted_constant (tuned; stopped early ...)", "small_batch (1,560 steps, ...)"
             kind = f"{kind[:-1]}; {notes})" if kind.endswith(")") else f"{kind} ({notes})"
-        cells = [
+        cells = [  # a stop reason may hold brackets, which rich would read as markup
             str(row["number"]),
-            kind,
-            row.get("schedule_summary") or "",
+            escape(kind),
+            escape(row.get("schedule_summary") or ""),
             _metric_cell(row, metric),
             fmt(row.get("steps"), "d"),
             format_duration(row.get("wall_time_s")),
@@ -776,14 +786,14 @@ def print_result(result: StudyResult, console: Any) -> None:
             cells.insert(4, seed_text(row.get("seeds")))
         table.add_row(*cells)
     console.print(table)
-    console.print(summary.get("note", ""))
+    console.print(summary.get("note", ""), markup=False)
     search = search_text(summary)
     if search:
-        console.print(search, soft_wrap=True)  # one line (the terminal wraps it)
+        console.print(search, soft_wrap=True, markup=False)  # one line (the terminal wraps it)
     floor = summary.get("step_floor")
     if isinstance(floor, Mapping):
-        style = "yellow" if floor.get("cap_below_floor") else ""
+        style = "yellow" if floor.get("cap_below_floor") else None
         text = step_floor_text(floor, int(floor["trial"]))
-        console.print(f"[{style}]{text}[/{style}]" if style else text, soft_wrap=True)
+        console.print(text, style=style, soft_wrap=True, markup=False)
     if result.schedule_path is not None:
-        console.print(f"best schedule written to [bold]{result.schedule_path}[/bold]")
+        console.print(f"best schedule written to [bold]{escape(str(result.schedule_path))}[/bold]")

@@ -195,6 +195,22 @@ def test_submit_prints_the_id_and_status_shows_the_study(
     assert json.loads(as_json.stdout)["id"] == study_id
 
 
+def test_status_shows_a_name_with_brackets_as_it_is(module_server: Server, tmp_path: Path) -> None:
+    """A study's name is the user's text: ``[wip]`` is not a style to drop."""
+    text = SPEC.format(name="'[wip] lr sweep'")
+    spec = write_spec(tmp_path, "bracketed", text)
+    done = stagetune("submit", str(spec), "--url", module_server.url)
+    assert done.returncode == 0, done.stderr
+    study_id = done.stdout.strip()
+    listed = stagetune("status", "--url", module_server.url)
+    assert listed.returncode == 0, listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if line.split()[:1] == [study_id])
+    assert "[wip] lr sweep" in row
+    one = stagetune("status", study_id, "--url", module_server.url)
+    assert one.returncode == 0, one.stderr
+    assert f"{study_id}  [wip] lr sweep" in one.stdout
+
+
 def test_url_comes_from_the_environment(module_server: Server, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "cli-env-url")
     done = stagetune("submit", str(spec), env=cli_env(STAGETUNE_URL=module_server.url))

@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from tests.regression_task import TASK_NAME, LinearRegression, regression_task
+from tuner.engine import SEED_RUN_KEY
 from tuner.engine_search import META_KEY, TrialMeta
 from tuner.noise_candidate import noise_scale_step_floor
 from tuner.objectives import StudyObjective, TrialOutcome, summarize, trial_status
@@ -201,6 +202,54 @@ def test_trial_lines_show_the_study_metric(regression_task: LinearRegression) ->
     mse = line(objective({"task": TASK_NAME}), {"val_loss": 0.0123456, "val_mse": 0.0246912})
     assert "val_mse 0.02469" in mse
     assert "val_accuracy" not in mse
+
+
+def test_trial_lines_name_each_trials_kind_and_count_the_seed_runs() -> None:
+    """The progress lines' bracketed parts (``[small_batch]``, ``[tuned]``, ``[seed 1/6]``)
+    are printed: rich read them as styles and printed nothing in their place."""
+    printer = TrialPrinter(budget=4, objective=objective({"task": "digits"}))
+    printer._console = Console(record=True, width=200)
+
+    def trial(number: int, baseline: str | None, **config: Any) -> SimpleNamespace:
+        meta = TrialMeta(number=number, baseline=baseline, params={})
+        return SimpleNamespace(
+            config={META_KEY: meta.to_dict(), "schedule": SCHEDULE.to_dict(), **config},
+            last_result={"training_iteration": 3, "steps": 30, "val_accuracy": 0.9},
+            trial_id=f"t{number}-{config.get('seed', '')}",
+        )
+
+    printer.on_trial_start(0, [], trial(0, "small_batch"))
+    printer.on_trial_complete(0, [], trial(0, "small_batch"))
+    printer.on_trial_start(0, [], trial(3, None))
+    printer.on_trial_complete(0, [], trial(3, None))
+    seed_run = {SEED_RUN_KEY: {"seed": 7919, "seeds": 3, "runs": 6, "reserve": False}}
+    printer.on_trial_start(0, [], trial(3, None, seed=7919, **seed_run))
+    printer.on_trial_complete(0, [], trial(3, None, seed=7919, **seed_run))
+    lines = str(printer._console.export_text()).splitlines()
+    summary = SCHEDULE.summary()
+    assert f"  start trial   0 [small_batch] {summary}" in lines
+    assert any(line.startswith("[  1/4] trial   0 [small_batch] completed: ") for line in lines)
+    assert f"  start trial   3 [tuned] {summary}" in lines
+    assert any(line.startswith("[  2/4] trial   3 [tuned] completed: ") for line in lines)
+    assert f"  start trial   3 [tuned] on seed 7919: {summary}" in lines
+    assert any(
+        line.startswith("[seed  1/6] trial   3 [tuned] seed 7919 completed: ") for line in lines
+    ), lines
+
+
+def test_a_stop_reason_with_brackets_is_printed_as_it_is() -> None:
+    """A row's stop reason (an error message) may hold brackets: the table shows them, and
+    one that reads like a closing tag does not make rich refuse to print the result."""
+    obj = objective({"task": "digits"})
+    small = outcome(0, 0.9, obj, baseline="small_batch")
+    reason = "failed: RuntimeError: [enforce fail at alloc.cpp] [/dev/shm] full"
+    stopped = replace(
+        outcome(5, 0.5, obj, extra={"candidate": "fitted_constant"}),
+        status="failed",
+        stop_reason=reason,
+    )
+    text = printed(summarize([small, stopped], obj))
+    assert "[enforce fail at alloc.cpp] [/dev/shm] full" in " ".join(text.split()), text
 
 
 def test_to_a_pipe_the_result_table_keeps_names_and_schedules_whole() -> None:

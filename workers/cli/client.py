@@ -20,6 +20,7 @@ from typing import Annotated, Any, Final
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -250,7 +251,7 @@ def _print_study(study: Mapping[str, Any]) -> None:
     grid.add_column()
     title = f"{study.get('id')}"
     if study.get("name"):
-        title += f"  {study['name']}"
+        title += f"  {escape(str(study['name']))}"  # a user's name may hold [brackets]
     grid.add_row("study", title)
     grid.add_row("task", str(study.get("task")))
     metric = study.get("metric")
@@ -284,7 +285,7 @@ def _print_study(study: Mapping[str, Any]) -> None:
     if study.get("error"):
         # a queued study's error says why a worker gave it back without starting it
         label = "given back" if study.get("status") == "queued" else "error"
-        grid.add_row(label, one_line(str(study["error"])))
+        grid.add_row(label, escape(one_line(str(study["error"]))))
     stdout_console().print(grid)
 
 
@@ -298,7 +299,7 @@ def _print_studies(page: Mapping[str, Any]) -> None:
         p = _progress(study)
         table.add_row(
             str(study.get("id")),
-            str(study.get("name") or "-"),
+            escape(str(study.get("name") or "-")),
             str(study.get("task")),
             str(study.get("status")),
             f"{p.get('trials_done', 0)}/{p.get('budget', '?')}",
