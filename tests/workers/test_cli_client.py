@@ -389,6 +389,26 @@ def test_the_command_list_gives_each_command_one_unbroken_summary() -> None:
     assert lines["replay"].endswith("recorded in the YAML's provenance.")
 
 
+def test_each_commands_help_keeps_its_sentences_whole() -> None:
+    """On a wide terminal, every line of a command's description ends a sentence: a help
+    paragraph's text is not cut where its docstring's source line ended (``... best so far),``
+    / ``and stdout gets ...``)."""
+    for command in ALL_COMMANDS:
+        done = stagetune(
+            *([command] if command else []), "--help", env={**cli_env(), "COLUMNS": "200"}
+        )
+        assert done.returncode == 0, done.stderr
+        before_boxes = done.stdout.split("╭", 1)[0]
+        description = [
+            line.strip()
+            for line in before_boxes.splitlines()
+            if line.strip() and not line.strip().startswith("Usage:")
+        ]
+        assert description, (command, done.stdout)
+        for line in description:
+            assert line.endswith((".", ":", ")")), (command, line)
+
+
 def test_a_command_that_exits_with_a_code_makes_the_process_exit_with_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -500,8 +500,9 @@ def submit(
 ) -> None:
     """Submit a study spec to a stagetune service and print the new study's id.
 
-    With --wait the id goes to stderr with the progress (trials done / budget, best so far),
-    and stdout gets only the best schedule's YAML, so `submit --wait SPEC > best.yaml` works.
+    With --wait, the id and the progress (trials done / budget, best so far) go to stderr.
+
+    stdout then gets only the best schedule's YAML, so `submit --wait SPEC > best.yaml` works.
     """
     body = _read_spec(spec)
     with ApiClient(url, token) as client:
@@ -595,9 +596,12 @@ def delete(
     """Delete a study with its trials and metrics. A running study must be cancelled first
     (`stagetune cancel`).
 
-    Its files on the Ray storage path (Tune's experiment and checkpoints, the seed runs, the
-    stage-boundary states) and its Optuna study are removed by a worker of the service when it
-    next looks for work; with --database-url, by this command."""
+    Its Ray Tune files (experiment, checkpoints, seed runs, stage-boundary states) go too.
+
+    A worker of the service removes them and the Optuna study when it next looks for work.
+
+    With --database-url, this command removes them at once.
+    """
     if database_url is not None:
         _delete_from_database(study, database_url)
         return
