@@ -352,7 +352,7 @@ def test_every_command_has_help() -> None:
 
 ALL_COMMANDS = (
     "", "submit", "status", "cancel", "delete", "export", "replay", "tune", "demo", "tasks",
-    "worker", "serve",
+    "worker", "serve", "storage",
 )  # fmt: skip
 
 
