@@ -895,19 +895,34 @@ def _lead_note(ahead: Lead | None, objective: StudyObjective) -> str:
         else objective.names[0].replace("_", " ")
     )
     mine, theirs = ahead.pick_steps, ahead.runner_up_steps
+    # Equal means at the figures shown (runs on a small validation split often score the
+    # same count of samples right): "ahead by -0.0000" would say nothing.
+    tied = float(num(ahead.mean)) == 0.0
     if ahead.for_steps and mine is not None and theirs:
+        lead = (
+            f"has the same mean {what} over the same {ahead.seeds} fresh seeds (their "
+            f"difference ± {num(ahead.std)})"
+            if tied
+            else f"has the best mean, ahead by {num(-ahead.mean)} ± {num(ahead.std)} {what} "
+            f"over the same {ahead.seeds} fresh seeds"
+        )
         return (
-            f"Picked for fewer optimizer steps within the seeds' noise: {who} has the best mean, "
-            f"ahead by {num(-ahead.mean)} ± {num(ahead.std)} {what} over the same "
-            f"{ahead.seeds} fresh seeds, and the pick takes {1 - mine / theirs:.0%} fewer "
-            f"steps ({mine:,.0f} against {theirs:,.0f}); raise budget.seed_runs to tell them "
-            "apart, or set budget.tie_break: mean to pick the best mean"
+            f"Picked for fewer optimizer steps within the seeds' noise: {who} {lead}, and the "
+            f"pick takes {1 - mine / theirs:.0%} fewer steps ({mine:,.0f} against "
+            f"{theirs:,.0f}); raise budget.seed_runs to tell them apart"
+            + ("" if tied else ", or set budget.tie_break: mean to pick the best mean")
         )
     saves = ""
     if mine and theirs is not None and theirs < 0.99 * mine:
         saves = (
             f", and it takes {1 - theirs / mine:.0%} fewer optimizer steps "
             f"({theirs:,.0f} against {mine:,.0f})"
+        )
+    if tied:
+        return (
+            f"Within the seeds' noise {who} is as good: the same mean {what} over the same "
+            f"{ahead.seeds} fresh seeds (their difference ± {num(ahead.std)}){saves}; raise "
+            "budget.seed_runs to tell them apart"
         )
     return (
         f"Within the seeds' noise {who} is as good: the pick leads it by "

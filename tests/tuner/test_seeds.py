@@ -384,6 +384,36 @@ def test_a_tie_within_the_seeds_noise_goes_to_the_schedule_with_fewer_steps() ->
     assert plain["note"] == "the result is tuned trial 12 (best mean over 3 fresh seeds)"
 
 
+def test_equal_means_are_called_the_same_mean_not_a_lead_of_minus_zero() -> None:
+    """Runs on a small validation split often get the same count of samples right on every
+    seed (a digits study: 0.9721, 0.9749, 0.9777 for both finalists): the note says the means
+    are the same, not that one is "ahead by -0.0000 ± 0.0000"."""
+    obj = objective()
+    shorter, longer = outcome(5, 0.975), outcome(0, 0.975, baseline="small_batch")
+    values = {10: 0.9721, 11: 0.9749, 12: 0.9777}
+    stats = [
+        seed_stats(shorter, {s: outcome(5, v, steps=76) for s, v in values.items()}, S),
+        seed_stats(
+            longer,
+            {s: outcome(0, v, steps=132, baseline="small_batch") for s, v in values.items()},
+            S,
+        ),
+    ]
+    summary = summarize([shorter, longer], obj, seed_runs=stats, seeds=S)
+    assert summary["best"]["number"] == 5
+    note = summary["note"]
+    assert "-0.0000" not in note
+    assert note.endswith(
+        "Picked for fewer optimizer steps within the seeds' noise: the small_batch baseline "
+        "(trial 0) has the same mean validation accuracy over the same 3 fresh seeds (their "
+        "difference ± 0.0000), and the pick takes 42% fewer steps (76 against 132); raise "
+        "budget.seed_runs to tell them apart"
+    ), note
+    by_mean = summarize([shorter, longer], obj, seed_runs=stats, seeds=S, tie_break="mean")
+    assert "-0.0000" not in by_mean["note"]
+    assert "the same mean validation accuracy over the same 3 fresh seeds" in by_mean["note"]
+
+
 def test_tie_break_mean_picks_the_best_mean_and_names_the_cheaper_runner_up() -> None:
     """``budget.tie_break: mean`` keeps the best mean; a lead within noise is then reported
     with the steps the runner-up would save. A saving under 5 % is no reason to give up the
