@@ -587,8 +587,8 @@ class TrialPrinter(tune.Callback):
         self._reserves_done = 0
         self._reserves_started = False
         self._console: Any = None
-        # Trials started in this run (Tune id -> clones so far): a resume is no new start.
-        self._started: dict[str, int] = {}
+        # Trials started in this run (Tune id -> its lineage then): a resume is no new start.
+        self._started: dict[str, list[Any]] = {}
 
     @property
     def console(self) -> Any:
@@ -609,15 +609,17 @@ class TrialPrinter(tune.Callback):
         if trial.trial_id in self._started:
             # Resumed in this run: PBT pauses its population at each perturbation epoch, and
             # a trial in the worst quarter goes on from a better one's checkpoint.
-            if len(lineage) > self._started[trial.trial_id]:
+            # A clone takes the donor's lineage and adds one entry: the lineage changes, but
+            # it can be as long as before (a trial cloned twice from donors never cloned).
+            if lineage and lineage != self._started[trial.trial_id]:
                 epoch, donor = lineage[-1]
                 self.console.print(
                     f"  [dim]clone[/dim] trial {meta.number:>3} {_tag(kind)} took trial "
                     f"{donor}'s state at epoch {epoch}: {escape(summary)}"
                 )
-            self._started[trial.trial_id] = len(lineage)
+            self._started[trial.trial_id] = lineage
             return
-        self._started[trial.trial_id] = len(lineage)
+        self._started[trial.trial_id] = lineage
         seed_run = trial.config.get(SEED_RUN_KEY)
         if isinstance(seed_run, dict):
             if seed_run.get("reserve") and not self._reserves_started:

@@ -22,6 +22,7 @@ from tuner.engine import SEED_RUN_KEY
 from tuner.engine_search import META_KEY, TrialMeta
 from tuner.noise_candidate import noise_scale_step_floor
 from tuner.objectives import StudyObjective, TrialOutcome, summarize, trial_status
+from tuner.pbt import LINEAGE_KEY
 from tuner.schedule import Schedule, Stage
 from tuner.seeds import seed_stats
 from tuner.spec import StudySpec, TieBreak
@@ -235,6 +236,30 @@ def test_trial_lines_name_each_trials_kind_and_count_the_seed_runs() -> None:
     assert any(
         line.startswith("[seed  1/6] trial   3 [tuned] seed 7919 completed: ") for line in lines
     ), lines
+
+
+def test_every_pbt_clone_has_a_line_also_when_the_lineage_keeps_its_length() -> None:
+    """A PBT clone takes the donor's lineage plus one entry: trial 4 cloned from trial 5 at
+    epoch 2 ([[2, 5]]), then from trial 3 (never cloned) at epoch 5 ([[5, 3]]), a lineage as
+    long as before. Both clones are printed (the second was not)."""
+    printer = TrialPrinter(budget=8, objective=objective({"task": "digits"}))
+    printer._console = Console(record=True, width=200)
+    meta = TrialMeta(number=4, baseline=None, params={}).to_dict()
+
+    def start(lineage: list[list[int]]) -> None:
+        config = {META_KEY: meta, "schedule": SCHEDULE.to_dict(), LINEAGE_KEY: lineage}
+        printer.on_trial_start(0, [], SimpleNamespace(config=config, trial_id="t4"))
+
+    start([])
+    start([])  # resumed at a perturbation epoch without a clone: no line
+    start([[2, 5]])
+    start([[5, 3]])
+    start([[5, 3]])
+    lines = [line for line in str(printer._console.export_text()).splitlines() if "clone" in line]
+    assert lines == [
+        f"  clone trial   4 [tuned] took trial 5's state at epoch 2: {SCHEDULE.summary()}",
+        f"  clone trial   4 [tuned] took trial 3's state at epoch 5: {SCHEDULE.summary()}",
+    ]
 
 
 def test_a_stop_reason_with_brackets_is_printed_as_it_is() -> None:
