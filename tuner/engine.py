@@ -1476,32 +1476,41 @@ class TuningEngine:
 
 
 class _MetricFilesFilter(logging.Filter):
-    """Drops Ray Tune's "Failed to fetch metrics ... result.json and progress.csv were not
-    found" warning: Tune builds its per-trial dataframes from those files whenever it reads an
-    experiment (``ResultGrid``, ``ExperimentAnalysis``), and a trial directory without them
-    (a trial that never reported, or a worker's trial directory not synced to the experiment's)
-    makes it warn once per trial. The engine reads each trial's last result from Tune's own
-    trial state, not from those files, so nothing is missing; a debug line says so."""
+    """Drops Ray Tune's warnings about a trial's metric files (``result.json``,
+    ``progress.csv``) that are not there: "Failed to fetch metrics ... were not found", once
+    per trial, whenever Tune reads an experiment (``ResultGrid``, ``ExperimentAnalysis``) that
+    has a trial directory without them (a trial that never reported, or a worker's trial
+    directory not synced to the experiment's); and "Remote file not found: .../progress.csv"
+    when a PBT clone starts from a checkpoint before its own trial directory has them. The
+    engine reads each trial's last result from Tune's own trial state, not from those files,
+    so nothing is missing; a debug line says so."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.getMessage().startswith("Failed to fetch metrics"):
-            log.debug("Tune found no metric files for some trials (not needed): %s", record.msg)
+        message = record.getMessage()
+        if message.startswith("Failed to fetch metrics") or (
+            message.startswith("Remote file not found")
+            and message.endswith(("/result.json", "/progress.csv"))
+        ):
+            log.debug("Tune found no metric files for a trial (not needed): %s", message)
             return False
         return True
 
 
 _METRIC_FILES_FILTER: Final = _MetricFilesFilter()
-_ANALYSIS_LOGGER: Final = "ray.tune.analysis.experiment_analysis"
+#: The loggers of Ray Tune's experiment reader and of its per-trial file loggers.
+METRIC_FILE_LOGGERS: Final = ("ray.tune.analysis.experiment_analysis", "ray.tune.logger.logger")
 
 
 @contextmanager
 def _quiet_metric_files() -> Iterator[None]:
-    logger = logging.getLogger(_ANALYSIS_LOGGER)
-    logger.addFilter(_METRIC_FILES_FILTER)
+    loggers = [logging.getLogger(name) for name in METRIC_FILE_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(_METRIC_FILES_FILTER)
     try:
         yield
     finally:
-        logger.removeFilter(_METRIC_FILES_FILTER)
+        for logger in loggers:
+            logger.removeFilter(_METRIC_FILES_FILTER)
 
 
 def _pick(configs: list[dict[str, Any]], key: str, default: Any) -> Callable[[Any], Any]:
