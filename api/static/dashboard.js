@@ -845,7 +845,7 @@
         (r.ended ? '<div class="muted small ended">' + esc(r.ended) + "</div>" : "") +
         "</td>" +
         cell(fmtMetric(r.metric_value) + (r.seeds_text ? '<div class="muted small seeds">' +
-          r.seed_count + " fresh seeds: " + esc(r.seeds_text) + "</div>" : ""),
+          r.seed_count + ' fresh seeds: <span class="nowrap">' + esc(r.seeds_text) + "</span></div>" : ""),
           v.metric_delta != null ? "best " + deltaText(v.metric_delta) : "") +
         cell(fmtInt(r.steps), ratioText(v.steps_ratio, "")) +
         cell(fmtDuration(r.wall_time_s), ratioText(v.wall_time_ratio, "")) +

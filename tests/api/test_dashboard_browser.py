@@ -978,6 +978,15 @@ def test_a_seed_robust_result_shows_its_mean_and_spread(server: Server, page: An
             continue
         cell = page.locator(f'#comparison-table tr[data-number="{base["number"]}"] .seeds')
         assert cell.count() == (1 if base["seeds"] else 0)
+    # The seeds' line wraps before its figures, which stay together: on a laptop's screen
+    # the table fits its half-width card (its last column was cut off, scrolled out of view).
+    box = page.locator("#comparison")
+    assert box.evaluate("b => b.scrollWidth <= b.clientWidth"), box.evaluate(
+        "b => [b.scrollWidth, b.clientWidth]"
+    )
+    figures = row.locator(".nowrap")
+    assert figures.inner_text() == spread
+    assert figures.evaluate("e => e.getClientRects().length") == 1  # on one line
 
 
 def test_durations_read_as_the_cli_prints_them(server: Server, page: Any) -> None:
