@@ -665,6 +665,13 @@ def param_importance(storage_url: str, study: StudyRecord) -> dict[str, Any]:
 
     from tuner import optuna_storage
 
+    budget = study.spec.get("budget") if isinstance(study.spec, dict) else None
+    if isinstance(budget, dict) and budget.get("search") == "pbt":
+        return _unavailable(
+            "a PBT study samples no schedules from Optuna (its population grows by cloning "
+            "and perturbing; the Search view shows each trial's lineage), so it has no "
+            "parameter importance"
+        )
     storage = optuna_storage.open_existing(storage_url)
     if storage is None:
         return _unavailable(

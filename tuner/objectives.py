@@ -1049,10 +1049,11 @@ def search_text(summary: Mapping[str, Any]) -> str:
     if isinstance(pbt, Mapping):
         lineages = pbt.get("lineages") or {}
         clones = sum(len(v or ()) for v in lineages.values())
+        interval = pbt.get("interval_epochs")
+        every = "every epoch" if interval == 1 else f"every {interval} epochs"
         text = (
-            f"PBT: a population of {pbt.get('population')} perturbed every "
-            f"{pbt.get('interval_epochs')} epochs, {clones} clone{'s' if clones != 1 else ''} "
-            "of a better trial's state"
+            f"PBT: a population of {pbt.get('population')} perturbed {every}, "
+            f"{clones} clone{'s' if clones != 1 else ''} of a better trial's state"
         )
         saved = pbt.get("checkpoints")
         if isinstance(saved, Mapping) and isinstance(saved.get("bytes"), int | float):

@@ -13,6 +13,7 @@ import pytest
 
 from api.dashboard import plotly_js_path
 from tests.api.conftest import Seeded, make_settings, open_client, seed_running_study
+from tuner.spec import StudySpec
 from tuner.store import StudyStore
 
 with warnings.catch_warnings():
@@ -357,6 +358,20 @@ def test_importance_without_optuna_storage(client: TestClient, seeded: Seeded) -
     result = client.get(f"/dashboard/data/studies/{seeded.study_id}/importance").json()
     assert result["available"] is False
     assert "no Optuna" in result["note"]
+
+
+def test_importance_of_a_pbt_study_says_pbt_samples_nothing_from_optuna(
+    client: TestClient, store: StudyStore
+) -> None:
+    """A finished PBT study has no Optuna study; the panel said there was "no Optuna storage
+    in this database yet", as if one were still to come."""
+    spec = StudySpec.from_yaml(
+        "task: digits\nname: pbt\nschedule: {total_epochs: 4}\nbudget: {trials: 8, search: pbt}"
+    )
+    study_id = store.create_study("digits", spec.to_dict(), 8, name="pbt").id
+    result = client.get(f"/dashboard/data/studies/{study_id}/importance").json()
+    assert result["available"] is False
+    assert result["note"].startswith("a PBT study samples no schedules from Optuna")
 
 
 def test_importance_from_the_optuna_study_in_the_same_database(

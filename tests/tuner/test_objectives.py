@@ -313,7 +313,7 @@ def test_search_text_says_when_tunes_leftover_pbt_checkpoints_were_removed() -> 
         },
     }
     assert search_text(summary).endswith(
-        "PBT: a population of 4 perturbed every 1 epochs, 1 clone of a better trial's state "
+        "PBT: a population of 4 perturbed every epoch, 1 clone of a better trial's state "
         "(checkpoints: 3.0 MB on disk, the newest 4 per trial)"
     )
     summary["pbt"]["checkpoints"]["untracked_removed"] = 2
