@@ -969,7 +969,9 @@
         b.y.push(label);
         b.base.push(g[0]);
         b.x.push(g[1] - g[0]);
-        b.text.push(g[2] === "own" || g[3] === null ? "" : "#" + g[3]);
+        // At the segment's start, past the probe diamond on its boundary (the middle of a
+        // segment often is another probe epoch, whose diamond covered the label).
+        b.text.push(g[2] === "own" || g[3] === null ? "" : "\u2003#" + g[3]);
         b.hover.push(g[2] === "own" ? "trial #" + t.number + " trained epochs " + (g[0] + 1) + "-" + g[1] :
           (g[2] === "fork" ? "forked from " : "cloned from ") + (g[3] === null ? "a saved prefix" : "#" + g[3]) +
           ": epochs " + (g[0] + 1) + "-" + g[1]);
@@ -984,7 +986,7 @@
       return {
         type: "bar", orientation: "h", name: kinds[k].name, y: bars[k].y, x: bars[k].x, base: bars[k].base,
         marker: { color: kinds[k].color, line: { width: 1, color: "#ffffff" } }, text: bars[k].text,
-        customdata: bars[k].hover, textposition: "inside", insidetextanchor: "middle",
+        customdata: bars[k].hover, textposition: "inside", insidetextanchor: "start",
         textfont: { size: 10.5, color: "#ffffff" }, hovertemplate: "%{customdata}<extra></extra>", meta: k,
       };
     });

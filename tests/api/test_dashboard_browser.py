@@ -1066,7 +1066,11 @@ def test_the_search_view_draws_forks_clones_and_probes(server: Server, page: Any
     trained it), a PBT clone's copied epochs, the cooldown probes as markers; the trial table
     says the same under each schedule."""
     spec = StudySpec.from_yaml("task: digits\nname: lanes\nbaselines: false")
-    doc = _schedule_doc()
+    # Two stages, a probe after every epoch (PBT's interval of one): the shared prefix's
+    # middle is a probe epoch.
+    doc = Schedule(
+        stages=(Stage(0, 2, 32), Stage(2, 3, 64)), base_lr=0.1, base_batch_size=32
+    ).to_dict()
     with StudyStore(server.db_url) as store:
         study = store.create_study(spec.task, spec.to_dict(), 3, name=spec.name)
         # Claim until this study is running: earlier tests may have left studies queued, and
@@ -1082,7 +1086,7 @@ def test_the_search_view_draws_forks_clones_and_probes(server: Server, page: Any
         child = store.create_trial(study.id, 1, doc, {})
         clone = store.create_trial(study.id, 2, {**doc, "base_lr": 0.3}, {})
         for epoch in range(first_stage + 1):
-            probe = {"probe_val_accuracy": 0.81} if epoch == first_stage - 1 else {}
+            probe = {"probe_val_accuracy": 0.81} if epoch < first_stage else {}
             store.add_epoch_metrics(parent.id, epoch, {"val_accuracy": 0.6, **probe})
             fork = {"replayed": epoch < first_stage, "forked_epochs": first_stage}
             store.add_epoch_metrics(child.id, epoch, {"val_accuracy": 0.6, **fork})
@@ -1093,18 +1097,33 @@ def test_the_search_view_draws_forks_clones_and_probes(server: Server, page: Any
     assert set(traces) == {"own", "fork", "clone", "probe"}
     assert traces["fork"]["y"] == ["#1"]
     assert traces["clone"]["y"] == ["#2"]
-    assert traces["probe"]["x"] == [first_stage, first_stage]  # the clone copied the probe
+    # The clone copied the probes of the epochs it took.
+    assert sorted(traces["probe"]["x"]) == [1, 1, first_stage, first_stage]
     labels = page.evaluate(
         "() => Array.from(document.querySelectorAll('#chart-lanes .bars text'))"
-        ".map(n => n.textContent)"
+        ".map(n => n.textContent.trim())"
     )
     assert labels.count("#0") == 2  # the fork's and the clone's source
+    # No probe's diamond covers a source's label (the label sat at its segment's middle,
+    # often another probe epoch).
+    overlaps = page.evaluate(
+        """() => {
+          const box = n => n.getBoundingClientRect();
+          const texts = Array.from(document.querySelectorAll('#chart-lanes .bars text'))
+            .filter(n => n.textContent.trim()).map(box);
+          const points = Array.from(document.querySelectorAll('#chart-lanes .scatter .point'))
+            .map(box);
+          return texts.filter(t => points.some(p => p.left < t.right && t.left < p.right
+            && p.top < t.bottom && t.top < p.bottom)).length;
+        }"""
+    )
+    assert overlaps == 0
     rows = {n: page.locator(f'#trials-body tr[data-number="{n}"] .origin') for n in (0, 1, 2)}
     assert rows[0].count() == 0
     assert rows[1].inner_text() == f"forked from #0 at epoch {first_stage}"
     assert rows[2].inner_text() == f"epochs 1-{first_stage} cloned from #0 (PBT)"
     assert page.locator("#search-note").inner_text() == (
-        "1 fork, 1 PBT clone, 2 cooldown probes so far"
+        "1 fork, 1 PBT clone, 4 cooldown probes so far"
     )
 
 
